@@ -1,0 +1,212 @@
+"""Load a `MegarlConfig` from a YAML file plus `key=value` overrides, with errors a user can act on.
+
+The schema dataclasses give the defaults; the YAML file is applied on top, then each override in order.
+Every unknown key and every badly typed value is reported at once, with the key and the expected type;
+then `validate` checks the cross-field rules. No omegaconf exception escapes: all become `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from megarl.config.errors import ConfigError
+from megarl.config.schema import MegarlConfig
+from megarl.config.validate import resolve_auto, validate
+
+__all__ = ["ConfigError", "config_to_yaml", "load_config", "validate"]
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_EXAMPLES = {int: 1, float: 1.0, bool: True, str: "text"}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = (), check_paths: bool = True
+) -> MegarlConfig:
+    """Build the config from the schema defaults, the YAML file at `path` and dotlist `overrides`.
+
+    Returns a validated `MegarlConfig` whose "None = auto" fields are decided. Raises `ConfigError`
+    listing every problem. `check_paths=False` skips file-existence and model-dependent checks.
+    """
+    problems: list[str] = []
+    trees: list[dict[str, Any]] = []
+    if path is not None:
+        trees.append(_read_yaml(os.fspath(path)))
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    for item in overrides:
+        tree = _parse_override(item, problems)
+        if tree is not None:
+            trees.append(tree)
+    merged = OmegaConf.structured(MegarlConfig)
+    for tree in trees:
+        for key, value in _leaves(tree, MegarlConfig, "", problems):
+            _assign(merged, key, value, problems)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError([_describe_omegaconf_error(e)]) from None
+    assert isinstance(cfg, MegarlConfig)
+    cfg = resolve_auto(cfg)
+    validate(cfg, check_paths=check_paths)
+    return cfg
+
+
+def config_to_yaml(cfg: MegarlConfig) -> str:
+    """The full config as YAML (every field, defaults included); `load_config` reads it back unchanged."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(
+            [f"config file {path} does not exist; check the path (e.g. configs/quickstart_grpo.yaml)"]
+        )
+    try:
+        raw = OmegaConf.load(path)
+    except (yaml.YAMLError, OmegaConfBaseException, OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"config file {path} is not valid YAML: {_one_line(e)}; fix the syntax"]) from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(
+            [f"config file {path} must be a mapping of sections (model:, actor:, ...), not a list"]
+        )
+    tree = OmegaConf.to_container(raw, resolve=False)
+    assert isinstance(tree, dict)
+    return tree
+
+
+def _parse_override(item: str, problems: list[str]) -> dict[str, Any] | None:
+    key, sep, _ = item.partition("=")
+    if not sep or not key.strip():
+        problems.append(f"override '{item}' is not key=value; write e.g. actor.parallel.tp=2")
+        return None
+    try:
+        tree = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:
+        problems.append(
+            f"override '{item}' could not be parsed ({_one_line(e)}); quote strings with special characters"
+        )
+        return None
+    assert isinstance(tree, dict)
+    return tree
+
+
+def _leaves(tree: dict[Any, Any], cls: type, prefix: str, problems: list[str]) -> list[tuple[str, Any]]:
+    """Flatten a user tree against the schema into (dotted key, value); report unknown keys and misplaced
+    values. A lone string given for a list field becomes a one-element list."""
+    hints = typing.get_type_hints(cls)
+    leaves: list[tuple[str, Any]] = []
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if name not in hints:
+            problems.append(_unknown_key(key, str(name), list(hints), prefix))
+            continue
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            if isinstance(value, dict):
+                leaves += _leaves(value, tp, f"{key}.", problems)
+            elif value is not None:
+                subkeys = ", ".join(f.name for f in dataclasses.fields(tp))
+                problems.append(
+                    f"{key}={_show(value)}: {key} is a section, not a value; set its keys ({subkeys})"
+                )
+            continue
+        if typing.get_origin(tp) is list and isinstance(value, str) and not value.startswith("${"):
+            value = [value]
+        leaves.append((key, value))
+    return leaves
+
+
+def _assign(merged: DictConfig, key: str, value: Any, problems: list[str]) -> None:
+    try:
+        OmegaConf.update(merged, key, value, merge=False)
+    except OmegaConfBaseException:
+        tp, default = _field_of(key)
+        example = default if default not in (None, []) else _example(tp)
+        problems.append(
+            f"{key}={_show(value)} is invalid: expected {_type_name(tp)}; e.g. {key}={_show(example)}"
+        )
+
+
+def _unknown_key(key: str, name: str, siblings: list[str], prefix: str) -> str:
+    close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key '{key}' — did you mean '{prefix}{close[0]}'?"
+    same_name = [k for k in _all_keys(MegarlConfig) if k.rsplit(".", 1)[-1] == name][:4]
+    if same_name:
+        return f"unknown key '{key}' — did you mean {' or '.join(repr(k) for k in same_name)}?"
+    where = f"under '{prefix[:-1]}'" if prefix else "at the top level"
+    return f"unknown key '{key}' — valid keys {where}: {', '.join(siblings)}"
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, tp in typing.get_type_hints(cls).items():
+        keys += _all_keys(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else [f"{prefix}{name}"]
+    return keys
+
+
+def _field_of(key: str) -> tuple[Any, Any]:
+    """(type hint, default value) of a dotted schema key."""
+    cls: Any = MegarlConfig
+    *sections, leaf = key.split(".")
+    for name in sections:
+        cls = typing.get_type_hints(cls)[name]
+    f = next(f for f in dataclasses.fields(cls) if f.name == leaf)
+    factory = f.default_factory
+    default = factory() if factory is not dataclasses.MISSING else f.default
+    return typing.get_type_hints(cls)[leaf], default
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin is list:
+        return f"a list (each item {_type_name(args[0])})"
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return f"{_type_name(rest[0])} or null"
+    return _TYPE_NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _example(tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return args[0]
+    if origin is list:
+        return [_example(args[0])]
+    if type(None) in args:
+        return _example(next(a for a in args if a is not type(None)))
+    return _EXAMPLES.get(tp, "...")
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _describe_omegaconf_error(e: OmegaConfBaseException) -> str:
+    """Interpolation and resolution failures, with the key they happened at."""
+    message = str(e).split("\n")[0]
+    key = getattr(e, "full_key", None)
+    return f"{key}: {message}; fix the ${{...}} reference or the value it points to" if key else message

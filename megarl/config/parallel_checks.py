@@ -1,0 +1,161 @@
+"""Checks of each worker group's devices and parallel layout against the cluster and the model.
+
+Model sizes (heads, layers, experts) come from the Hugging Face `config.json` of each role's checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from megarl.config.errors import at_least, divisors, join, need_divides
+from megarl.config.schema import MegarlConfig
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes of a Hugging Face model that constrain its parallel layout."""
+
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    vocab_size: int
+    num_experts: int  # routed experts per MoE layer; 0 = dense model
+
+
+def read_model_dims(model_path: str) -> ModelDims:
+    """Read `<model_path>/config.json`; raises OSError, ValueError or KeyError when it is unusable."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        hf = json.load(f)
+    heads = int(hf["num_attention_heads"])
+    experts = hf.get("num_local_experts") or hf.get("num_experts") or hf.get("n_routed_experts") or 0
+    return ModelDims(
+        num_attention_heads=heads,
+        num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+        num_hidden_layers=int(hf["num_hidden_layers"]),
+        vocab_size=int(hf["vocab_size"]),
+        num_experts=int(experts),
+    )
+
+
+def load_dims(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> dict[str, ModelDims]:
+    """Model sizes per role, read from each role's checkpoint; missing paths are reported here."""
+    if not check_paths:
+        return {}
+    paths = {"actor": ("model.path", cfg.model.path)}
+    if cfg.critic.enable:
+        paths["critic"] = (
+            ("critic.model_path", cfg.critic.model_path) if cfg.critic.model_path else paths["actor"]
+        )
+    if cfg.reward.enable and cfg.reward.model_path:
+        paths["reward"] = ("reward.model_path", cfg.reward.model_path)
+    dims: dict[str, ModelDims] = {}
+    read: dict[str, ModelDims | None] = {}
+    for role, (key, path) in paths.items():
+        if path not in read:
+            read[path] = _read_dims(key, path, problems)
+        if read[path] is not None:
+            dims[role] = read[path]
+    return dims
+
+
+def _read_dims(key: str, path: str | None, problems: list[str]) -> ModelDims | None:
+    if not path:
+        problems.append(f"{key} is not set; set {key}=/path/to/hf_checkpoint (a directory with config.json)")
+        return None
+    if not os.path.isdir(path):
+        problems.append(
+            f"{key}={path} does not exist; point it at a Hugging Face checkpoint directory (config.json + weights)"
+        )
+        return None
+    try:
+        return read_model_dims(path)
+    except FileNotFoundError:
+        problems.append(f"{key}={path} has no config.json; point it at a Hugging Face checkpoint directory")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        problems.append(
+            f"{key}={path}: config.json is unreadable ({type(e).__name__}: {e}); fix or re-export it"
+        )
+    return None
+
+
+def check_worker_group(cfg: MegarlConfig, role: str, dims: ModelDims | None, problems: list[str]) -> bool:
+    """Check one worker group's devices and layout; True when its data-parallel size is well defined."""
+    r, key, cluster = getattr(cfg, role), f"{role}.parallel", cfg.cluster_size()
+    devices_ok = r.n_devices is None or at_least(
+        problems, f"{role}.n_devices", r.n_devices, 1, "or null for all"
+    )
+    if devices_ok and r.n_devices is not None and r.n_devices > cluster:
+        problems.append(
+            f"{role}.n_devices={r.n_devices} exceeds the {cluster} devices of the cluster "
+            "(trainer.nnodes·trainer.n_devices_per_node); lower it or add nodes"
+        )
+        devices_ok = False
+    if r.n_devices not in (None, cluster) and cfg.trainer.launcher == "torchrun":
+        problems.append(
+            f"{role}.n_devices={r.n_devices} needs trainer.launcher=ray; under torchrun every role spans all "
+            f"{cluster} devices, so set {role}.n_devices=null"
+        )
+    p = r.parallel
+    sizes_ok = all(
+        [
+            at_least(problems, f"{key}.{n}", getattr(p, n), 1, "use 1 to turn it off")
+            for n in ("tp", "pp", "cp", "ep")
+        ]
+    )
+    if (
+        p.vpp is not None
+        and at_least(problems, f"{key}.vpp", p.vpp, 1, "or null to turn it off")
+        and p.pp == 1
+    ):
+        problems.append(f"{key}.vpp={p.vpp} needs {key}.pp > 1; set {key}.vpp=null or raise pp")
+    if p.sequence_parallel and p.tp == 1:
+        problems.append(f"{key}.sequence_parallel=true needs {key}.tp > 1; set sequence_parallel=false")
+    if p.ep > 1 and p.tp > 1 and not p.sequence_parallel:
+        problems.append(
+            f"{key}.ep={p.ep} with tp={p.tp} needs {key}.sequence_parallel=true (Megatron MoE rule)"
+        )
+    if not (sizes_ok and devices_ok and cluster >= 1):
+        return False
+    world = cfg.world_size(role)
+    t = cfg.trainer
+    source = (
+        f"{role}.n_devices"
+        if r.n_devices
+        else f"trainer.nnodes·trainer.n_devices_per_node = {t.nnodes}·{t.n_devices_per_node}"
+    )
+    layout_ok = True
+    for names in (("tp", "pp", "cp"), ("tp", "pp", "ep")) if p.ep > 1 else (("tp", "pp", "cp"),):
+        product = math.prod(getattr(p, n) for n in names)
+        if world % product:
+            problems.append(
+                f"{key}: {'·'.join(names)} = {'·'.join(str(getattr(p, n)) for n in names)} = {product} does not "
+                f"divide the {world} devices of the {role} ({source}); make {'·'.join(names)} one of "
+                f"{join(divisors(world))} or use a multiple of {product} devices"
+            )
+            layout_ok = False
+    if dims is not None:
+        _check_layout_vs_model(key, p, dims, problems)
+    return layout_ok
+
+
+def _check_layout_vs_model(key: str, p: Any, dims: ModelDims, problems: list[str]) -> None:
+    heads = [
+        ("num_attention_heads", dims.num_attention_heads),
+        ("num_key_value_heads", dims.num_key_value_heads),
+    ]
+    need_divides(problems, f"{key}.tp", p.tp, heads)
+    layers = dims.num_hidden_layers
+    if need_divides(problems, f"{key}.pp", p.pp, [("num_hidden_layers", layers)]) and p.vpp and p.pp > 1:
+        if layers % (p.pp * p.vpp):
+            problems.append(
+                f"{key}.vpp={p.vpp}: pp·vpp = {p.pp * p.vpp} does not divide num_hidden_layers={layers}; "
+                f"use vpp in {join(divisors(layers // p.pp))} or vpp=null"
+            )
+    if p.ep > 1 and dims.num_experts == 0:
+        problems.append(f"{key}.ep={p.ep} but the model is dense (no experts); set {key}.ep=1")
+    elif p.ep > 1:
+        need_divides(problems, f"{key}.ep", p.ep, [("num_experts", dims.num_experts)])

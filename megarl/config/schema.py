@@ -1,0 +1,209 @@
+"""Every megarl configuration knob, as typed dataclasses.
+
+The field comments are the reference documentation. A YAML file mirrors this tree: top-level sections
+(`model`, `actor`, `critic`, `ref`, `reward`, `rollout`, `data`, `algorithm`, `trainer`, `logging`) and
+their fields; `key=value` overrides use the same dotted names (`actor.parallel.tp=2`). Load and check a
+config with `megarl.config.load_config`; cross-field rules live in `megarl.config.validate`.
+
+Fields documented as "None = auto" are filled in by `resolve_auto` when the config is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+LrDecayStyle = Literal["constant", "cosine", "linear"]
+AlgorithmName = Literal["ppo", "grpo", "dpo", "sft"]
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
+KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+RolloutEngine = Literal["vllm"]
+Launcher = Literal["ray", "torchrun"]
+LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
+
+ROLES = ("actor", "critic", "ref", "reward")
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Vocabulary size after Megatron's padding: `vocab_size` rounded up to a multiple of divisible_by·tp."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # Hugging Face checkpoint dir (config.json + weights) of the policy
+    tokenizer_path: str | None = None  # tokenizer dir; None = same as path
+    dtype: Dtype = "bf16"  # parameter/compute dtype: "fp32" | "bf16" | "fp16" (use fp32 on CPU)
+    make_vocab_size_divisible_by: int = 128  # pad the vocab to a multiple of this × TP (Megatron rule)
+    use_remove_padding: bool = True  # pack sequences without pad tokens (THD layout) for train forwards
+    gradient_checkpointing: bool = False  # recompute activations in backward to save memory
+    trust_remote_code: bool = False  # allow custom modelling code shipped with the HF checkpoint
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1  # tensor-parallel size; divides attention heads and key/value heads
+    pp: int = 1  # pipeline-parallel size; divides the number of layers
+    vpp: int | None = None  # virtual pipeline stages per PP rank (interleaved schedule); None = off
+    cp: int = 1  # context-parallel size (long sequences split across ranks)
+    ep: int = 1  # expert-parallel size (MoE models only); divides the number of experts
+    sequence_parallel: bool = False  # shard LayerNorm/dropout activations over TP; needs tp > 1
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-6  # peak learning rate
+    min_lr: float = 0.0  # floor of the decayed learning rate; ≤ lr
+    weight_decay: float = 0.01  # decoupled (AdamW) weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam (beta1, beta2), each in [0, 1)
+    eps: float = 1e-8  # Adam epsilon
+    clip_grad: float = 1.0  # max global gradient norm; 0 = no clipping
+    lr_warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to lr
+    lr_decay_style: LrDecayStyle = "constant"  # after warm-up: "constant" | "cosine" | "linear" to min_lr
+    use_distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (ZeRO-1)
+
+
+@dataclass
+class RoleConfig:
+    """A model role that runs as its own worker group (reward model); base of the trainable roles."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # this role's Megatron layout
+    n_devices: int | None = None  # devices (processes) of the cluster this role uses; None = all
+    micro_batch_size: int = 1  # sequences per forward/backward micro-batch on each data-parallel rank
+    max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch; None = micro_batch_size
+    offload_params: bool = False  # keep parameters in CPU memory while the role is idle
+
+
+@dataclass
+class TrainRoleConfig(RoleConfig):
+    """A role that is trained: it has an optimizer and can offload its training state."""
+
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    offload_grads: bool = False  # move gradients to CPU while generating
+    offload_optimizer: bool = False  # move optimizer state to CPU while generating
+
+
+@dataclass
+class CriticConfig(TrainRoleConfig):
+    enable: bool | None = None  # None = auto: on when algorithm.adv_estimator is "gae"
+    model_path: str | None = None  # HF checkpoint to start the value model from; None = model.path
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy. It lives in the actor's processes (colocated), so it always uses
+    the actor's parallel layout and devices; only its batching and offloading are its own."""
+
+    enable: bool | None = None  # None = auto: on when a KL term is used (use_kl_in_reward or use_kl_loss)
+    micro_batch_size: int = 1  # sequences per log-prob forward on each data-parallel rank
+    max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch; None = micro_batch_size
+    offload_params: bool = False  # keep parameters in CPU memory between uses
+
+
+@dataclass
+class RewardModelConfig(RoleConfig):
+    enable: bool | None = None  # None = auto: on when model_path is set; off = rule rewards on the driver
+    model_path: str | None = None  # HF checkpoint of the reward model (Megatron RM or sequence classifier)
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # parquet/jsonl files of training prompts
+    val_files: list[str] = field(default_factory=list)  # parquet/jsonl files for evaluation; [] = none
+    prompt_key: str = "prompt"  # column holding the prompt (chat messages or a string)
+    max_prompt_length: int = 512  # tokens per prompt at most
+    max_response_length: int = 512  # tokens generated per sample at most
+    train_batch_size: int = 64  # prompts per training step (each sampled rollout.n times)
+    shuffle: bool = True  # shuffle training prompts every epoch
+    seed: int = 1  # seed of the shuffling order
+
+
+@dataclass
+class RolloutConfig:
+    engine: RolloutEngine = "vllm"  # generation engine
+    tp: int = 1  # generation tensor-parallel size (t_g); divides actor.parallel.tp and key/value heads
+    n: int = 1  # samples per prompt (GRPO/RLOO need ≥ 2)
+    temperature: float = 1.0  # sampling temperature; 0 = greedy
+    top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
+    top_k: int = -1  # sample from the k most likely tokens; -1 or 0 = disabled
+    max_num_seqs: int = 256  # sequences the engine schedules at once
+    gpu_memory_utilization: float = 0.5  # fraction of device memory the engine may use, in (0, 1]
+    kv_cache_memory_bytes: int | None = None  # exact KV-cache size in bytes; overrides the fraction
+    enforce_eager: bool = False  # disable CUDA graphs (slower, faster start-up, less memory)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: AlgorithmName = "ppo"  # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "dpo" | "sft"
+    adv_estimator: AdvEstimator | None = None  # None = auto: "grpo" for name=grpo, else "gae"
+    gamma: float = 1.0  # discount factor, in [0, 1]
+    lam: float = 1.0  # GAE lambda, in [0, 1]
+    kl_coef: float = 0.001  # weight of the KL(policy ‖ reference) term
+    kl_estimator: KlEstimator = "low_var_kl"  # "k1" | "k2" | "k3" | "low_var_kl" (clamped k3)
+    use_kl_in_reward: bool = False  # subtract kl_coef·KL from the token rewards (PPO style)
+    use_kl_loss: bool = False  # add kl_coef·KL to the policy loss (GRPO style)
+    clip_ratio_low: float = 0.2  # PPO ratio clipped below at 1 - clip_ratio_low; in (0, 1)
+    clip_ratio_high: float = 0.2  # PPO ratio clipped above at 1 + clip_ratio_high
+    value_clip: float = 0.5  # critic values clipped to old value ± value_clip
+    entropy_coeff: float = 0.0  # weight of the entropy bonus
+    loss_agg_mode: LossAggMode = "token-mean"  # how token losses are averaged into one scalar
+    ppo_epochs: int = 1  # passes over each step's rollouts
+    ppo_mini_batch_size: int = 16  # prompts per optimizer step (× rollout.n sequences); divides train batch
+
+
+@dataclass
+class TrainerConfig:
+    nnodes: int = 1  # machines in the cluster
+    n_devices_per_node: int = 1  # GPUs per machine (processes per machine on CPU)
+    total_epochs: int = 1  # passes over the training data
+    total_steps: int | None = None  # training steps; None = total_epochs × steps per epoch
+    save_every: int = 0  # save a checkpoint every N steps; 0 = only at the end
+    eval_every: int = 0  # evaluate on data.val_files every N steps; 0 = never
+    output_dir: str = "outputs/run"  # checkpoints, logs and reports go here
+    resume: str = "auto"  # "auto" (latest checkpoint in output_dir if any) | "disable" | checkpoint dir
+    seed: int = 42  # global seed (weights of new heads, sampling, dropout)
+    launcher: Launcher = "ray"  # "ray" (worker groups, multi-node) | "torchrun" (SPMD, also SLURM srun)
+
+
+@dataclass
+class LoggingConfig:
+    # where metrics go: any of "console", "jsonl", "tensorboard", "wandb"
+    backends: list[LoggingBackend] = field(default_factory=lambda: ["console"])
+    project: str = "megarl"  # project name (wandb project, tensorboard dir)
+    run_name: str | None = None  # None = auto: derived from the algorithm, model and start time
+    log_every: int = 1  # log metrics every N steps
+
+
+@dataclass
+class MegarlConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: TrainRoleConfig = field(default_factory=TrainRoleConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    reward: RewardModelConfig = field(default_factory=RewardModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def cluster_size(self) -> int:
+        """All devices of the cluster: trainer.nnodes × trainer.n_devices_per_node."""
+        return self.trainer.nnodes * self.trainer.n_devices_per_node
+
+    def parallel_of(self, role: str) -> ParallelConfig:
+        """The parallel layout a role runs with (the reference shares the actor's)."""
+        return self.actor.parallel if role == "ref" else getattr(self, role).parallel
+
+    def world_size(self, role: str) -> int:
+        """Devices (processes) in a role's worker group."""
+        n_devices = self.actor.n_devices if role == "ref" else getattr(self, role).n_devices
+        return self.cluster_size() if n_devices is None else n_devices
+
+    def data_parallel_size(self, role: str) -> int:
+        """Data-parallel replicas of a role: world size / (tp·pp·cp), rounded down."""
+        p = self.parallel_of(role)
+        return max(1, self.world_size(role) // (p.tp * p.pp * p.cp))

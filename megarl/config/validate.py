@@ -1,0 +1,315 @@
+"""Cross-field checks of a `MegarlConfig`, run once at load time, before any process starts.
+
+`validate` collects every problem and raises one `ConfigError` with one line per problem, each naming
+the key, what is wrong and how to fix it. Model-dependent rules (heads, layers, experts) read the
+Hugging Face `config.json` under `model.path` and are skipped when `check_paths=False`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import typing
+from dataclasses import fields, is_dataclass
+from typing import Any, Literal
+
+from megarl.config.errors import ConfigError, at_least, divisors, in_range, join, need_divides
+from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
+from megarl.config.schema import MegarlConfig, OptimizerConfig
+
+__all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "validate"]
+
+_CRITIC_ESTIMATORS = ("gae",)
+_GROUP_ESTIMATORS = ("grpo", "rloo")  # compare samples of one prompt, so they need rollout.n ≥ 2
+_RL_ALGORITHMS = ("ppo", "grpo")
+_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
+    """A copy of `cfg` with every "None = auto" field decided (estimator, which roles are enabled)."""
+    cfg = copy.deepcopy(cfg)
+    algo = cfg.algorithm
+    if algo.adv_estimator is None:
+        algo.adv_estimator = "grpo" if algo.name == "grpo" else "gae"
+    if cfg.critic.enable is None:
+        cfg.critic.enable = algo.name in _RL_ALGORITHMS and algo.adv_estimator in _CRITIC_ESTIMATORS
+    if cfg.ref.enable is None:
+        cfg.ref.enable = algo.use_kl_in_reward or algo.use_kl_loss or algo.name == "dpo"
+    if cfg.reward.enable is None:
+        cfg.reward.enable = cfg.reward.model_path is not None
+    return cfg
+
+
+def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
+    """Raise one ConfigError listing every problem in `cfg`; return None when it is valid.
+
+    With `check_paths=False`, files are not looked for and model-dependent checks are skipped.
+    """
+    cfg = resolve_auto(cfg)
+    problems: list[str] = []
+    _check_choices(cfg, "", problems)
+    dims = load_dims(cfg, check_paths, problems)
+    _check_model(cfg, check_paths, problems)
+    _check_trainer(cfg, check_paths, problems)
+    layout_ok = {role: check_worker_group(cfg, role, dims.get(role), problems) for role in _layout_roles(cfg)}
+    for role in [*layout_ok, "ref"] if cfg.ref.enable else layout_ok:
+        r = getattr(cfg, role)
+        _check_batching(cfg, role, r.micro_batch_size, r.max_tokens_per_micro_batch, problems)
+    for role in ("actor", "critic") if cfg.critic.enable else ("actor",):
+        _check_optimizer(cfg, f"{role}.optimizer", getattr(cfg, role).optimizer, problems)
+    _check_rollout(cfg, dims.get("actor"), problems)
+    _check_data(cfg, check_paths, problems)
+    _check_algorithm(cfg, problems)
+    _check_batches(cfg, [r for r, ok in layout_ok.items() if ok and r in ("actor", "critic")], problems)
+    _check_logging(cfg, problems)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _layout_roles(cfg: MegarlConfig) -> list[str]:
+    """Roles that own a worker group (the reference lives inside the actor's)."""
+    return ["actor"] + [role for role in ("critic", "reward") if getattr(cfg, role).enable]
+
+
+def _choices_of(tp: Any) -> tuple[tuple[Any, ...], bool]:
+    """(allowed values, is_list) of a Literal / Literal | None / list[Literal] type; () when not a choice."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return typing.get_args(tp), False
+    if origin is list:
+        return _choices_of(typing.get_args(tp)[0])[0], True
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is Literal:
+            return typing.get_args(arg), False
+    return (), False
+
+
+def _check_choices(obj: Any, prefix: str, problems: list[str]) -> None:
+    """Every Literal-typed field holds an allowed value (configs built in Python skip omegaconf's check)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            _check_choices(value, f"{key}.", problems)
+            continue
+        allowed, is_list = _choices_of(hints[f.name])
+        if not allowed or value is None:
+            continue
+        for item in value if is_list else [value]:
+            if item not in allowed:
+                where = f"{key} contains {item!r}" if is_list else f"{key}={item!r}"
+                problems.append(f"{where}, which is not allowed; use one of {join(allowed)}")
+
+
+def _check_model(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:
+    m = cfg.model
+    at_least(problems, "model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, 1, "use 128")
+    if check_paths and m.tokenizer_path and not os.path.isdir(m.tokenizer_path):
+        problems.append(
+            f"model.tokenizer_path={m.tokenizer_path} does not exist; fix it or remove it to use model.path"
+        )
+
+
+def _check_batching(
+    cfg: MegarlConfig, role: str, micro: int, max_tokens: int | None, problems: list[str]
+) -> None:
+    at_least(problems, f"{role}.micro_batch_size", micro, 1, "e.g. 1")
+    seq = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if max_tokens is not None and max_tokens < seq:
+        problems.append(
+            f"{role}.max_tokens_per_micro_batch={max_tokens} is smaller than one sequence (data.max_prompt_length"
+            f" + data.max_response_length = {seq}); raise it to at least {seq} or set it to null"
+        )
+
+
+def _check_optimizer(cfg: MegarlConfig, key: str, o: OptimizerConfig, problems: list[str]) -> None:
+    if o.lr <= 0:
+        problems.append(f"{key}.lr={o.lr} must be > 0; e.g. {key}.lr=1e-6")
+    elif not 0 <= o.min_lr <= o.lr:
+        problems.append(f"{key}.min_lr={o.min_lr} must be in [0, {key}.lr={o.lr}]; e.g. {key}.min_lr=0")
+    at_least(problems, f"{key}.weight_decay", o.weight_decay, 0, "e.g. 0.01, or 0 for none")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        problems.append(f"{key}.betas={list(o.betas)} must be two numbers in [0, 1); e.g. [0.9, 0.999]")
+    if o.eps <= 0:
+        problems.append(f"{key}.eps={o.eps} must be > 0; e.g. 1e-8")
+    at_least(problems, f"{key}.clip_grad", o.clip_grad, 0, "e.g. 1.0, or 0 for no clipping")
+    at_least(problems, f"{key}.lr_warmup_steps", o.lr_warmup_steps, 0, "e.g. 0")
+    total = cfg.trainer.total_steps
+    if total is not None and total >= 1 and o.lr_warmup_steps >= total:
+        problems.append(
+            f"{key}.lr_warmup_steps={o.lr_warmup_steps} is not below trainer.total_steps={total}, so the peak lr is "
+            f"never reached; use fewer warm-up steps (e.g. {max(0, total // 10)})"
+        )
+
+
+def _check_rollout(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str]) -> None:
+    r, actor_tp = cfg.rollout, cfg.actor.parallel.tp
+    if at_least(problems, "rollout.tp", r.tp, 1, "e.g. 1") and actor_tp >= 1:
+        limits = [("actor.parallel.tp", actor_tp)]
+        if dims is not None:
+            limits.append(("num_key_value_heads", dims.num_key_value_heads))
+        why = " (the 3D-HybridEngine builds generation TP shards from training TP shards)"
+        need_divides(problems, "rollout.tp", r.tp, limits, why)
+    at_least(problems, "rollout.n", r.n, 1, "e.g. 1, or 8 for GRPO")
+    if (
+        at_least(problems, "rollout.temperature", r.temperature, 0, "e.g. 1.0")
+        and r.temperature == 0
+        and r.n > 1
+    ):
+        problems.append(
+            f"rollout.temperature=0 (greedy) makes the rollout.n={r.n} samples of a prompt identical; "
+            "set rollout.temperature > 0 (e.g. 1.0) or rollout.n=1"
+        )
+    in_range(problems, "rollout.top_p", r.top_p, "(0, 1]", 0 < r.top_p <= 1, "e.g. 1.0 to disable")
+    at_least(problems, "rollout.top_k", r.top_k, -1, "use -1 to disable")
+    at_least(problems, "rollout.max_num_seqs", r.max_num_seqs, 1, "e.g. 256")
+    ok = 0 < r.gpu_memory_utilization <= 1
+    in_range(problems, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, "(0, 1]", ok, "e.g. 0.5")
+    if r.kv_cache_memory_bytes is not None:
+        at_least(
+            problems,
+            "rollout.kv_cache_memory_bytes",
+            r.kv_cache_memory_bytes,
+            1,
+            "or null to use the fraction",
+        )
+
+
+def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:
+    d = cfg.data
+    if not d.prompt_key:
+        problems.append("data.prompt_key is empty; set it to the prompt column, e.g. data.prompt_key=prompt")
+    at_least(problems, "data.max_prompt_length", d.max_prompt_length, 1, "e.g. 512 tokens")
+    at_least(problems, "data.max_response_length", d.max_response_length, 1, "e.g. 512 tokens")
+    at_least(problems, "data.train_batch_size", d.train_batch_size, 1, "e.g. 64 prompts")
+    at_least(problems, "data.seed", d.seed, 0, "e.g. 1")
+    if check_paths and not d.train_files:
+        problems.append("data.train_files is empty; set data.train_files=[path/to/train.parquet]")
+    for name in ("train_files", "val_files"):
+        for i, path in enumerate(getattr(d, name)):
+            key = f"data.{name}[{i}]={path}"
+            if not path.endswith(_DATA_SUFFIXES):
+                problems.append(f"{key} has an unsupported format; use a {', '.join(_DATA_SUFFIXES)} file")
+            elif check_paths and not os.path.isfile(path):
+                problems.append(f"{key} does not exist; fix the path or create the dataset first")
+
+
+def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
+    a = cfg.algorithm
+    if a.name == "grpo" and a.adv_estimator != "grpo":
+        problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} contradicts algorithm.name=grpo; "
+            "remove adv_estimator or set algorithm.name=ppo"
+        )
+    if a.name in _RL_ALGORITHMS and a.adv_estimator in _CRITIC_ESTIMATORS and not cfg.critic.enable:
+        problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} needs a value model but critic.enable=false; "
+            "set critic.enable=true or use algorithm.adv_estimator=grpo, rloo or reinforce_plus_plus"
+        )
+    if a.name in _RL_ALGORITHMS and a.adv_estimator in _GROUP_ESTIMATORS and cfg.rollout.n < 2:
+        problems.append(
+            f"rollout.n={cfg.rollout.n} but algorithm.adv_estimator={a.adv_estimator} compares the samples of "
+            "each prompt; set rollout.n ≥ 2 (e.g. 8)"
+        )
+    for flag in ("use_kl_in_reward", "use_kl_loss"):
+        if getattr(a, flag) and not cfg.ref.enable:
+            problems.append(
+                f"algorithm.{flag}=true needs the reference model but ref.enable=false; "
+                f"set ref.enable=true or algorithm.{flag}=false"
+            )
+    if cfg.reward.enable and not cfg.reward.model_path:
+        problems.append(
+            "reward.enable=true but reward.model_path is not set; set reward.model_path=/path/to/reward_model "
+            "or reward.enable=false to use rule rewards"
+        )
+    for name in ("gamma", "lam"):
+        value = getattr(a, name)
+        in_range(problems, f"algorithm.{name}", value, "[0, 1]", 0 <= value <= 1, "e.g. 1.0")
+    at_least(problems, "algorithm.kl_coef", a.kl_coef, 0, "e.g. 0.001, or 0 for no KL")
+    ok = 0 < a.clip_ratio_low < 1
+    in_range(problems, "algorithm.clip_ratio_low", a.clip_ratio_low, "(0, 1)", ok, "e.g. 0.2")
+    if a.clip_ratio_high <= 0:
+        problems.append(f"algorithm.clip_ratio_high={a.clip_ratio_high} must be > 0; e.g. 0.2 (or 0.28)")
+    if a.value_clip <= 0:
+        problems.append(f"algorithm.value_clip={a.value_clip} must be > 0; e.g. 0.5")
+    at_least(problems, "algorithm.entropy_coeff", a.entropy_coeff, 0, "e.g. 0")
+    at_least(problems, "algorithm.ppo_epochs", a.ppo_epochs, 1, "e.g. 1")
+    at_least(problems, "algorithm.ppo_mini_batch_size", a.ppo_mini_batch_size, 1, "e.g. 16 prompts")
+
+
+def _check_batches(cfg: MegarlConfig, roles: list[str], problems: list[str]) -> None:
+    """Prompts → mini-batches → data-parallel ranks → micro-batches must all split evenly."""
+    train, mini, n = cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size, cfg.rollout.n
+    if train < 1 or mini < 1 or n < 1:
+        return
+    if mini > train:
+        problems.append(
+            f"algorithm.ppo_mini_batch_size={mini} exceeds data.train_batch_size={train}; "
+            f"use one of {join(divisors(train))}"
+        )
+    elif train % mini:
+        problems.append(
+            f"algorithm.ppo_mini_batch_size={mini} does not divide data.train_batch_size={train}; "
+            f"use one of {join(divisors(train))}"
+        )
+    for role in roles:
+        dp, r = cfg.data_parallel_size(role), getattr(cfg, role)
+        if role == "actor" and train % dp:
+            problems.append(
+                f"data.train_batch_size={train} is not a multiple of the actor's data-parallel size {dp}; "
+                f"use a multiple of {dp}, e.g. {dp * max(1, round(train / dp))}"
+            )
+        if (mini * n) % dp:
+            problems.append(
+                f"algorithm.ppo_mini_batch_size·rollout.n = {mini}·{n} sequences do not split over the {role}'s "
+                f"{dp} data-parallel ranks; make ppo_mini_batch_size·rollout.n a multiple of {dp}"
+            )
+        elif (
+            r.max_tokens_per_micro_batch is None
+            and r.micro_batch_size >= 1
+            and (mini * n // dp) % r.micro_batch_size
+        ):
+            per_rank = mini * n // dp
+            problems.append(
+                f"{role}.micro_batch_size={r.micro_batch_size} does not divide the {per_rank} sequences each {role} "
+                f"data-parallel rank gets per mini-batch (ppo_mini_batch_size·rollout.n/DP = {mini}·{n}/{dp}); "
+                f"use one of {join(divisors(per_rank))}"
+            )
+
+
+def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:
+    t = cfg.trainer
+    at_least(problems, "trainer.nnodes", t.nnodes, 1, "e.g. 1")
+    at_least(
+        problems, "trainer.n_devices_per_node", t.n_devices_per_node, 1, "e.g. 8 GPUs (or CPU processes)"
+    )
+    at_least(problems, "trainer.total_epochs", t.total_epochs, 1, "e.g. 1")
+    if t.total_steps is not None:
+        at_least(problems, "trainer.total_steps", t.total_steps, 1, "or null to run total_epochs")
+    at_least(problems, "trainer.save_every", t.save_every, 0, "use 0 to save only at the end")
+    if at_least(problems, "trainer.eval_every", t.eval_every, 0, "use 0 to never evaluate"):
+        if t.eval_every > 0 and not cfg.data.val_files:
+            problems.append(
+                f"trainer.eval_every={t.eval_every} but data.val_files is empty; "
+                "set data.val_files=[path/to/val.parquet] or trainer.eval_every=0"
+            )
+    if not t.output_dir:
+        problems.append("trainer.output_dir is empty; set it, e.g. trainer.output_dir=outputs/my_run")
+    if not t.resume:
+        problems.append("trainer.resume is empty; use auto, disable or a checkpoint directory")
+    elif t.resume not in ("auto", "disable") and check_paths and not os.path.isdir(t.resume):
+        problems.append(
+            f"trainer.resume={t.resume} is neither auto, disable nor an existing checkpoint directory; "
+            "fix the path or use trainer.resume=auto"
+        )
+    in_range(problems, "trainer.seed", t.seed, "[0, 2**32)", 0 <= t.seed < 2**32, "e.g. 42")
+
+
+def _check_logging(cfg: MegarlConfig, problems: list[str]) -> None:
+    lg = cfg.logging
+    duplicates = sorted({b for b in lg.backends if lg.backends.count(b) > 1})
+    if duplicates:
+        problems.append(f"logging.backends lists {join(duplicates)} more than once; list each backend once")
+    if not lg.project:
+        problems.append("logging.project is empty; set it, e.g. logging.project=megarl")
+    at_least(problems, "logging.log_every", lg.log_every, 1, "e.g. 1")

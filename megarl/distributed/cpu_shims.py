@@ -1,0 +1,231 @@
+"""The named patches that let megatron-core 0.16.1 run on CPU over gloo.
+
+Applied only when CUDA is absent (`apply_cpu_shims` is a no-op otherwise). Each shim is listed in
+`SHIMS` with what it patches; `tests/multiproc/test_cpu_shims.py` removes each one in turn and shows
+the megatron call that then fails, so a shim that stops being needed is noticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Shim:
+    name: str
+    needed_for: str
+    apply: Callable[[], None]
+    remove: Callable[[], None]
+
+
+_originals: dict[str, object] = {}
+
+
+def _swap(owner: object, attr: str, new: object, key: str) -> None:
+    _originals.setdefault(key, getattr(owner, attr))
+    setattr(owner, attr, new)
+
+
+def _restore(owner: object, attr: str, key: str) -> None:
+    if key in _originals:
+        setattr(owner, attr, _originals.pop(key))
+
+
+# --- current_device: megatron allocates buffers on torch.cuda.current_device() ---------------------
+
+
+def _apply_current_device() -> None:
+    _swap(torch.cuda, "current_device", lambda: _CPU, "current_device")
+
+
+def _remove_current_device() -> None:
+    _restore(torch.cuda, "current_device", "current_device")
+
+
+# --- rng: megatron forks a CUDA generator for TP-local randomness, even with dropout 0 -------------
+
+
+def _cpu_tracker_class():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(_originals["rng"]):  # type: ignore[misc, valid-type]
+        """Megatron's RNG-states tracker with the CPU generator standing in for the CUDA one."""
+
+        def add(self, name, seed):
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self._is_initialized = True
+            self.seeds_.add(seed)
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+
+    return CpuRNGStatesTracker
+
+
+def _apply_rng() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    _originals.setdefault("rng", mrandom.CudaRNGStatesTracker)
+    mrandom.CudaRNGStatesTracker = _cpu_tracker_class()
+    mrandom.initialize_rng_tracker(force_reset=True)
+
+
+def _remove_rng() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if "rng" in _originals:
+        mrandom.CudaRNGStatesTracker = _originals.pop("rng")
+        mrandom.initialize_rng_tracker(force_reset=True)
+
+
+# --- cuda_literal: schedules, optimizer and default masks write device="cuda" literally ------------
+
+
+def _is_cuda(device: object) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class _CudaLiteralToCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_cuda(kwargs.get("device")):
+            kwargs = {**kwargs, "device": _CPU}
+        if func in (torch.Tensor.to, torch.Tensor.cuda) and args:
+            args = tuple(_CPU if _is_cuda(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+_literal_mode: _CudaLiteralToCpu | None = None
+
+
+def _apply_cuda_literal() -> None:
+    global _literal_mode
+    if _literal_mode is None:
+        _literal_mode = _CudaLiteralToCpu()
+        _literal_mode.__enter__()
+    _swap(torch.Tensor, "cuda", lambda self, *a, **k: self, "tensor_cuda")
+
+
+def _remove_cuda_literal() -> None:
+    global _literal_mode
+    if _literal_mode is not None:
+        _literal_mode.__exit__(None, None, None)
+        _literal_mode = None
+    _restore(torch.Tensor, "cuda", "tensor_cuda")
+
+
+# --- cuda_sync: dist-checkpoint save and p2p sync call torch.cuda.synchronize ----------------------
+
+
+def _apply_cuda_sync() -> None:
+    _swap(torch.cuda, "synchronize", lambda *a, **k: None, "cuda_sync")
+
+
+def _remove_cuda_sync() -> None:
+    _restore(torch.cuda, "synchronize", "cuda_sync")
+
+
+# --- cuda_type_str: optimizer and grad clipping assert param.type() == 'torch.cuda.FloatTensor' ----
+
+
+def _apply_cuda_type_str() -> None:
+    original = _originals.setdefault("cuda_type_str", torch.Tensor.type)
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs and self.device.type == "cpu":
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_
+
+
+def _remove_cuda_type_str() -> None:
+    _restore(torch.Tensor, "type", "cuda_type_str")
+
+
+# --- sp_norm: sequence parallel asserts the norm is TE's; torch norms are fine once tagged ---------
+
+
+def _apply_sp_norm() -> None:
+    from megatron.core.transformer import torch_norm
+
+    original = _originals.setdefault("sp_norm", torch_norm.WrappedTorchNorm.__new__)
+
+    def new(cls, config, hidden_size, eps=1e-5, **kwargs):
+        sequence_parallel = config.sequence_parallel
+        config.sequence_parallel = False
+        try:
+            norm = original(cls, config, hidden_size, eps, **kwargs)
+        finally:
+            config.sequence_parallel = sequence_parallel
+        for param in norm.parameters():
+            param.sequence_parallel = sequence_parallel
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = new
+
+
+def _remove_sp_norm() -> None:
+    from megatron.core.transformer import torch_norm
+
+    _restore(torch_norm.WrappedTorchNorm, "__new__", "sp_norm")
+
+
+SHIMS: dict[str, Shim] = {
+    s.name: s
+    for s in (
+        Shim("current_device", "every forward; DDP buffers; checkpoint save", _apply_current_device, _remove_current_device),
+        Shim("rng", "any model (the TP-region RNG is forked even at dropout 0)", _apply_rng, _remove_rng),
+        Shim("cuda_literal", "pipeline schedules, optimizer, default causal mask", _apply_cuda_literal, _remove_cuda_literal),
+        Shim("cuda_sync", "dist-checkpoint save", _apply_cuda_sync, _remove_cuda_sync),
+        Shim("cuda_type_str", "optimizer and grad clipping type asserts", _apply_cuda_type_str, _remove_cuda_type_str),
+        Shim("sp_norm", "sequence parallelism with the torch norm", _apply_sp_norm, _remove_sp_norm),
+    )
+}
+
+_applied: set[str] = set()
+
+
+def apply_cpu_shims(skip: tuple[str, ...] = ()) -> list[str]:
+    """Apply every shim (minus `skip` and `$MEGARL_SKIP_CPU_SHIMS`) when CUDA is absent."""
+    if torch.cuda.is_available():
+        return []
+    skip = (*skip, *filter(None, os.environ.get("MEGARL_SKIP_CPU_SHIMS", "").split(",")))
+    unknown = set(skip) - SHIMS.keys()
+    if unknown:
+        raise ValueError(f"unknown CPU shim(s) {sorted(unknown)}; known: {sorted(SHIMS)}")
+    for name, shim in SHIMS.items():
+        if name not in skip and name not in _applied:
+            shim.apply()
+            _applied.add(name)
+    return sorted(_applied)
+
+
+def remove_cpu_shim(name: str) -> None:
+    """Undo one shim (tests use this to show why it exists)."""
+    if name in _applied:
+        SHIMS[name].remove()
+        _applied.discard(name)

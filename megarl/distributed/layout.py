@@ -1,0 +1,117 @@
+"""ParallelLayout: the one object that owns a worker group's parallel sizes.
+
+It validates the sizes once, maps ranks to (tp, cp, dp, pp) coordinates in megatron's default order
+("tp-cp-ep-dp-pp": TP ranks are consecutive, PP is outermost), and initialises megatron's
+parallel_state for the current process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LayoutError(ValueError):
+    """A parallel layout that cannot work, with a message saying how to fix it."""
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int | None = None
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("world_size", "tp", "pp", "cp", "ep"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        model_parallel = self.tp * self.pp * self.cp
+        if not problems and self.world_size % model_parallel:
+            problems.append(
+                f"tp*pp*cp={model_parallel} does not divide world_size={self.world_size}; "
+                f"use a world size that is a multiple of {model_parallel} or smaller tp/pp/cp"
+            )
+        if not problems and self.ep > 1 and self.dp * self.cp % self.ep:
+            problems.append(f"ep={self.ep} must divide dp*cp={self.dp * self.cp}")
+        if self.vpp is not None and (self.vpp < 1 or self.pp == 1):
+            problems.append(f"vpp={self.vpp} needs pp > 1 and vpp >= 1 (got pp={self.pp}); unset vpp or raise pp")
+        if self.sequence_parallel and self.tp == 1:
+            problems.append("sequence_parallel=True needs tp > 1; set sequence_parallel=False or tp >= 2")
+        if problems:
+            raise LayoutError("invalid parallel layout: " + "; ".join(problems))
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    def coordinates(self, rank: int) -> Coordinates:
+        tp = rank % self.tp
+        cp = rank // self.tp % self.cp
+        dp = rank // (self.tp * self.cp) % self.dp
+        pp = rank // (self.tp * self.cp * self.dp)
+        return Coordinates(tp=tp, cp=cp, dp=dp, pp=pp)
+
+    def rank(self, c: Coordinates) -> int:
+        return c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
+
+    def tp_group_ranks(self, rank: int) -> list[int]:
+        c = self.coordinates(rank)
+        return [self.rank(Coordinates(t, c.cp, c.dp, c.pp)) for t in range(self.tp)]
+
+    def pp_group_ranks(self, rank: int) -> list[int]:
+        c = self.coordinates(rank)
+        return [self.rank(Coordinates(c.tp, c.cp, c.dp, p)) for p in range(self.pp)]
+
+    def dp_group_ranks(self, rank: int) -> list[int]:
+        c = self.coordinates(rank)
+        return [self.rank(Coordinates(c.tp, c.cp, d, c.pp)) for d in range(self.dp)]
+
+    def describe(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.vpp:
+            parts.append(f"vpp{self.vpp}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        return "x".join(parts)
+
+    def initialize(self, seed: int = 1234) -> None:
+        """Create megatron's process groups for this layout (torch.distributed must be up)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state, tensor_parallel
+
+        if dist.get_world_size() != self.world_size:
+            raise LayoutError(
+                f"layout {self.describe()} is for world_size={self.world_size}, "
+                f"but torch.distributed has {dist.get_world_size()} ranks"
+            )
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=self.tp,
+            pipeline_model_parallel_size=self.pp,
+            virtual_pipeline_model_parallel_size=self.vpp,
+            context_parallel_size=self.cp,
+            expert_model_parallel_size=self.ep,
+        )
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+
+    @staticmethod
+    def destroy() -> None:
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()

@@ -1,0 +1,58 @@
+"""Build the GPTModel chunks this rank owns: Transformer Engine layers on GPU, plain torch on CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from megarl.distributed.layout import ParallelLayout
+from megarl.models.from_hf import ModelArchitecture, padded_vocab_size
+
+
+def transformer_engine_available() -> bool:
+    """TE imports only with CUDA; without it, it raises RuntimeError (not ImportError)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except (ImportError, RuntimeError, OSError):
+        return False
+    return True
+
+
+def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if use_te is None:
+        use_te = transformer_engine_available()
+    if use_te:
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+
+
+def build_model_chunks(
+    arch: ModelArchitecture,
+    layout: ParallelLayout,
+    dtype: str = "fp32",
+    make_vocab_size_divisible_by: int = 128,
+    padded_vocab: int | None = None,
+) -> list[torch.nn.Module]:
+    """The GPTModel chunks (one per virtual pipeline stage) of this rank; megatron must be initialised."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    config = arch.transformer_config(layout, dtype)
+    spec = layer_spec(arch)
+    vocab = padded_vocab or padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, layout.tp)
+    chunks = []
+    for vp_stage in range(layout.vpp or 1):
+        stage = vp_stage if layout.vpp else None
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            vp_stage=stage,
+            **arch.gpt_model_kwargs(vocab),
+        )
+        chunks.append(model.to(dtype=config.params_dtype))
+    return chunks

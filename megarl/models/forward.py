@@ -1,0 +1,93 @@
+"""Run this rank's GPTModel chunks over micro-batches with megatron's pipeline schedules.
+
+One entry point for every layout (PP=1, PP>1, VPP): `run_microbatches`. Logits stay vocab-parallel
+(each TP rank holds a slice of the padded vocabulary); `vocab_parallel_log_probs` masks the padding
+columns so they never take probability mass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+
+# loss_fn(microbatch, vocab_parallel_logits) -> (scalar to backpropagate, dict of values to collect)
+LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log p(label) from vocab-parallel logits [b, s, V/tp]; padded vocabulary columns are excluded."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    local = logits.shape[-1]
+    first = parallel_state.get_tensor_model_parallel_rank() * local
+    padded = torch.arange(first, first + local, device=logits.device) >= vocab_size
+    logits = logits.float()
+    if padded.any():
+        logits = logits.masked_fill(padded, float("-inf"))
+    return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
+
+
+def gather_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Full-vocabulary logits [b, s, vocab_size] from vocab-parallel ones (TP collective)."""
+    from megatron.core import tensor_parallel
+
+    return tensor_parallel.gather_from_tensor_model_parallel_region(logits)[..., :vocab_size]
+
+
+def _forward_step(loss_fn: LossFn, data_iterator, model):
+    batch = next(data_iterator)
+    tokens = batch["input_ids"]
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    output = model(input_ids=tokens, position_ids=positions, attention_mask=None)
+    return output, partial(_loss, loss_fn, batch)
+
+
+def _loss(loss_fn: LossFn, batch: dict[str, torch.Tensor], output: torch.Tensor):
+    return loss_fn(batch, output)
+
+
+def run_microbatches(
+    chunks: list[torch.nn.Module],
+    microbatches: list[dict[str, torch.Tensor]],
+    loss_fn: LossFn,
+    forward_only: bool,
+) -> list[dict[str, Any]]:
+    """Forward (and backward unless forward_only) over `microbatches` of equal shape.
+
+    Returns the dicts `loss_fn` produced, one per micro-batch, on the last pipeline stage (empty
+    elsewhere). The schedule divides each backpropagated scalar by len(microbatches).
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    batch, seq = microbatches[0]["input_ids"].shape
+    iterators = [iter(microbatches) for _ in chunks]
+    return get_forward_backward_func()(
+        forward_step_func=partial(_forward_step, loss_fn),
+        data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(microbatches),
+        seq_length=seq,
+        micro_batch_size=batch,
+        forward_only=forward_only,
+    )
+
+
+def grad_norm(chunks: list[torch.nn.Module]) -> float:
+    """Global L2 norm of .grad over the whole model, counting TP-replicated and tied params once."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
+
+    total = torch.zeros((), dtype=torch.float64)
+    for chunk in chunks:
+        for param in chunk.parameters():
+            grad = getattr(param, "main_grad", None)
+            grad = param.grad if grad is None else grad
+            if grad is not None and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param):
+                total += grad.double().pow(2).sum()
+    dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
+    return total.sqrt().item()

@@ -1,0 +1,178 @@
+"""Hugging Face config -> megatron-core TransformerConfig and GPTModel arguments (Llama family).
+
+Family differences (Llama, Mistral, Qwen2, Qwen3) are data in `FAMILIES`, not branches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from megarl.distributed.layout import ParallelLayout
+
+
+class UnsupportedModelError(ValueError):
+    """The HF checkpoint uses a feature megarl does not convert."""
+
+
+@dataclass(frozen=True)
+class Family:
+    qkv_bias_key: str | None  # HF config key that turns q/k/v bias on; None when fixed by the family
+    qkv_bias_default: bool
+    qk_norm: bool
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(qkv_bias_key="attention_bias", qkv_bias_default=False, qk_norm=False),
+    "mistral": Family(qkv_bias_key=None, qkv_bias_default=False, qk_norm=False),
+    "qwen2": Family(qkv_bias_key=None, qkv_bias_default=True, qk_norm=False),
+    "qwen3": Family(qkv_bias_key="attention_bias", qkv_bias_default=False, qk_norm=True),
+}
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron's convention: pad the vocabulary to a multiple of divisible_by * tp."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ModelArchitecture:
+    """Everything needed to build a GPTModel equal to one HF checkpoint."""
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    norm_eps: float
+    rope_theta: float
+    rope_type: str
+    rope_factor: float
+    tie_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    hf_config: dict[str, Any]
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArchitecture:
+        model_type = cfg.get("model_type")
+        if model_type not in FAMILIES:
+            raise UnsupportedModelError(
+                f"model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}"
+            )
+        family = FAMILIES[model_type]
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"hidden_act={cfg['hidden_act']!r}: only 'silu' (SwiGLU) is supported")
+        if cfg.get("mlp_bias"):
+            raise UnsupportedModelError("mlp_bias=True is not supported")
+        if cfg.get("use_sliding_window"):
+            raise UnsupportedModelError("use_sliding_window=True is not supported")
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type == "llama3":
+            for key, default in _LLAMA3_ROPE_DEFAULTS.items():
+                if float(rope.get(key, default)) != default:
+                    raise UnsupportedModelError(f"llama3 rope scaling with {key}={rope[key]} (only {default})")
+        elif rope_type not in ("default", "linear"):
+            raise UnsupportedModelError(f"rope_type={rope_type!r} is not supported (default, linear, llama3)")
+        heads = cfg["num_attention_heads"]
+        qkv_bias = cfg.get(family.qkv_bias_key, False) if family.qkv_bias_key else family.qkv_bias_default
+        return cls(
+            family=model_type,
+            num_layers=cfg["num_hidden_layers"],
+            hidden_size=cfg["hidden_size"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            ffn_hidden_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_type=rope_type,
+            rope_factor=float(rope.get("factor", 1.0)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(qkv_bias),
+            qk_norm=family.qk_norm,
+            hf_config=cfg,
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelArchitecture:
+        config_file = Path(path) / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{config_file} not found: is {path} a Hugging Face checkpoint directory?")
+        return cls.from_hf_config(json.loads(config_file.read_text()))
+
+    def transformer_config(self, layout: ParallelLayout, dtype: str = "fp32"):
+        """The megatron TransformerConfig for this architecture under `layout`."""
+        from megatron.core.transformer import TransformerConfig
+
+        torch_dtype = DTYPES[dtype]
+        return TransformerConfig(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_heads,
+            num_query_groups=self.num_kv_heads,
+            kv_channels=self.head_dim,
+            ffn_hidden_size=self.ffn_hidden_size,
+            normalization="RMSNorm",
+            layernorm_epsilon=self.norm_eps,
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            add_qkv_bias=self.qkv_bias,
+            qk_layernorm=self.qk_norm,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            attention_softmax_in_fp32=True,
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+            params_dtype=torch_dtype,
+            pipeline_dtype=torch_dtype,
+            bf16=dtype == "bf16",
+            fp16=dtype == "fp16",
+            tensor_model_parallel_size=layout.tp,
+            pipeline_model_parallel_size=layout.pp,
+            virtual_pipeline_model_parallel_size=layout.vpp,
+            context_parallel_size=layout.cp,
+            sequence_parallel=layout.sequence_parallel,
+            # gloo pairs messages in order: batched p2p silently mismatches peers under PP x VPP.
+            batch_p2p_comm=False,
+            batch_p2p_sync=False,
+            variable_seq_lengths=True,
+            moe_token_dispatcher_type="alltoall",  # dense models; the allgather default rejects variable lengths
+            # Initialisation is what tags TP parameters (tensor_model_parallel, partition_dim); the
+            # per-shard ("gpu") path does it without materialising full weights on every rank.
+            use_cpu_initialization=False,
+            perform_initialization=True,
+        )
+
+    def gpt_model_kwargs(self, padded_vocab: int) -> dict[str, Any]:
+        return dict(
+            vocab_size=padded_vocab,
+            max_sequence_length=self.max_position_embeddings,
+            share_embeddings_and_output_weights=self.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(self.rope_theta),
+            rope_scaling=self.rope_type == "llama3",
+            rope_scaling_factor=self.rope_factor if self.rope_type == "llama3" else 8.0,
+            seq_len_interpolation_factor=self.rope_factor if self.rope_type == "linear" else None,
+        )

@@ -1,0 +1,162 @@
+"""Check a HF -> megatron conversion numerically: logits, loss and gradient norm against transformers.
+
+Runs under torchrun (`megarl verify-model` launches it). For every requested layout it builds the
+megatron model, loads the HF weights, and compares with the HF model in fp32 on the same batch:
+  max |Δlogits|                     forward only, full vocabulary gathered over TP
+  loss, grad norm                   forward+backward, batch split over DP, micro-batches through PP
+Rank 0 prints one JSON line per layout (prefixed with RESULT) and the process exits 1 above tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from megarl.distributed.backend import init_distributed
+from megarl.distributed.layout import ParallelLayout
+from megarl.models.build import build_model_chunks
+from megarl.models.convert.hf_io import HFCheckpointReader
+from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
+from megarl.models.forward import gather_logits, grad_norm, run_microbatches, vocab_parallel_log_probs
+from megarl.models.from_hf import ModelArchitecture
+
+RESULT_PREFIX = "RESULT "
+
+
+def parse_layout(text: str, world_size: int) -> ParallelLayout:
+    """'tp2pp2', 'tp2xpp2', 'tp1pp2vpp2' -> ParallelLayout over world_size ranks."""
+    sizes = {key: int(value) for key, value in re.findall(r"(vpp|tp|pp|cp)(\d+)", text)}
+    if not sizes:
+        raise ValueError(f"cannot read a layout from {text!r}; write it like tp2pp1 or tp1pp2vpp2")
+    return ParallelLayout(
+        world_size=world_size, tp=sizes.get("tp", 1), pp=sizes.get("pp", 1), cp=sizes.get("cp", 1), vpp=sizes.get("vpp")
+    )
+
+
+def make_batch(vocab_size: int, batch: int, seq: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_reference(hf_dir: str, tokens: torch.Tensor) -> dict:
+    """Logits, token-mean loss and grad norm of the transformers model in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    model.train()
+    logits = model(input_ids=tokens[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in model.parameters() if p.grad is not None))
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    return {"logits": logits.detach(), "loss": loss.item(), "grad_norm": norm.item(), "grads": grads}
+
+
+def check_layout(layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict) -> dict:
+    from megatron.core import parallel_state as ps
+
+    layout.initialize()
+    chunks = build_model_chunks(arch, layout)
+    load_hf_into_chunks(chunks, arch, reader, ps.get_tensor_model_parallel_rank(), layout.tp)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    last_stage = ps.is_pipeline_last_stage()
+
+    # Forward only: every micro-batch is one sequence of the full batch.
+    outs = run_microbatches(
+        chunks,
+        [{"input_ids": inputs[i : i + 1]} for i in range(len(inputs))],
+        lambda mb, logits: (logits.sum() * 0, {"logits": gather_logits(logits, arch.vocab_size).detach()}),
+        forward_only=True,
+    )
+    logit_diff = torch.zeros(())
+    if last_stage:
+        logit_diff = (torch.cat([o["logits"] for o in outs]) - ref["logits"]).abs().max()
+
+    # Forward + backward: the batch split over DP ranks, one sequence per micro-batch.
+    dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
+    mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
+    microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
+    total_tokens = labels.numel()
+
+    def token_mean_loss(mb, logits):
+        token_loss_sum = -vocab_parallel_log_probs(logits, mb["labels"], arch.vocab_size).sum()
+        # The schedule divides by the micro-batch count; scale so the sum over ranks is the token mean.
+        return token_loss_sum * len(microbatches) / total_tokens, {"loss_sum": token_loss_sum.detach()}
+
+    for chunk in chunks:
+        chunk.zero_grad(set_to_none=True)
+    outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
+    for chunk in chunks:
+        for param in chunk.parameters():
+            if param.grad is None:
+                continue
+            dist.all_reduce(param.grad, group=ps.get_data_parallel_group())
+            if getattr(param, "shared_embedding", False) and layout.pp > 1:
+                dist.all_reduce(param.grad, group=ps.get_embedding_group())
+    loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)
+    dist.all_reduce(loss, group=ps.get_data_parallel_group())
+    norm = grad_norm(chunks)
+    hf_grads = to_hf_tensors(full_megatron_tensors(chunks, arch, grads=True), arch)
+    grad_diff = max((g - ref["grads"][name]).abs().max() for name, g in hf_grads)
+
+    # Only last-stage ranks hold logits and loss: a max over the world spreads them.
+    stats = torch.stack([logit_diff.float(), loss.float(), grad_diff.float()])
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    layout.destroy()
+    return {
+        "layout": layout.describe(),
+        "max_abs_logit_diff": stats[0].item(),
+        "loss": stats[1].item(),
+        "hf_loss": ref["loss"],
+        "loss_abs_diff": abs(stats[1].item() - ref["loss"]),
+        "grad_norm": norm,
+        "hf_grad_norm": ref["grad_norm"],
+        "grad_norm_rel_diff": abs(norm - ref["grad_norm"]) / ref["grad_norm"],
+        "max_abs_grad_diff": stats[2].item(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hf", required=True, action="append", help="HF checkpoint dir (repeatable)")
+    parser.add_argument("--layouts", default="tp1pp1", help="comma-separated, e.g. tp1pp1,tp2pp1,tp1pp2")
+    parser.add_argument("--tolerance", type=float, default=5e-5)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    env = init_distributed()
+    ok = True
+    for hf_dir in args.hf:
+        arch = ModelArchitecture.from_pretrained(hf_dir)
+        reader = HFCheckpointReader(hf_dir)
+        tokens = make_batch(arch.vocab_size, args.batch, args.seq, args.seed)
+        ref = hf_reference(hf_dir, tokens)
+        for text in args.layouts.split(","):
+            start = time.perf_counter()
+            result = check_layout(parse_layout(text, env.world_size), arch, reader, tokens, ref)
+            result.update(
+                model=hf_dir,
+                family=arch.family,
+                tolerance=args.tolerance,
+                passed=result["max_abs_logit_diff"] <= args.tolerance
+                and result["loss_abs_diff"] <= args.tolerance
+                and result["grad_norm_rel_diff"] <= 1e-4,
+                seconds=round(time.perf_counter() - start, 2),
+            )
+            ok &= result["passed"]
+            if env.rank == 0:
+                print(RESULT_PREFIX + json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""load_config / validate: every bad config is rejected with a message naming the key and the fix."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megarl.config import ConfigError, MegarlConfig, config_to_yaml, load_config, padded_vocab_size, validate
+
+pytestmark = pytest.mark.unit
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+QUICKSTART = CONFIGS / "quickstart_grpo.yaml"
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 4,
+    "vocab_size": 1001,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+
+def _write_model(directory: Path, hf_config: dict) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(hf_config))
+    return directory
+
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> list[str]:
+    """Overrides that point the quickstart config at a tiny Llama config.json and existing data files."""
+    model = _write_model(tmp_path / "tiny_llama", TINY_LLAMA)
+    for name in ("train", "val"):
+        (tmp_path / f"{name}.parquet").touch()
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{tmp_path / 'train.parquet'}]",
+        f"data.val_files=[{tmp_path / 'val.parquet'}]",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+
+
+def _error(overrides: list[str], path: Path | None = QUICKSTART, check_paths: bool = True) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides, check_paths=check_paths)
+    return info.value
+
+
+INVALID = [
+    (
+        ["actor.parallel.tp=3"],
+        ["actor.parallel.tp=3 does not divide num_attention_heads=8", "use one of 1, 2, 4"],
+    ),
+    (["actor.parallel.tp=two"], ["actor.parallel.tp=two", "expected an integer", "e.g. actor.parallel.tp=1"]),
+    (["actor.paralel.tp=2"], ["unknown key 'actor.paralel' — did you mean 'actor.parallel'?"]),
+    (
+        ["actor.parallel.pp=3"],
+        ["actor.parallel.pp=3 does not divide num_hidden_layers=4", "use one of 1, 2, 4"],
+    ),
+    (
+        ["actor.parallel.tp=4"],
+        ["actor.parallel: tp·pp·cp = 4·1·1 = 4 does not divide the 2 devices of the actor"],
+    ),
+    (["actor.parallel.sequence_parallel=true"], ["sequence_parallel=true needs actor.parallel.tp > 1"]),
+    (
+        ["actor.parallel.vpp=2"],
+        ["actor.parallel.vpp=2 needs actor.parallel.pp > 1", "set actor.parallel.vpp=null"],
+    ),
+    (
+        ["actor.parallel.pp=2", "actor.parallel.vpp=4"],
+        ["pp·vpp = 8 does not divide num_hidden_layers=4", "vpp in 1, 2"],
+    ),
+    (["actor.parallel.ep=2"], ["actor.parallel.ep=2 but the model is dense", "set actor.parallel.ep=1"]),
+    (["actor.n_devices=4"], ["actor.n_devices=4 exceeds the 2 devices of the cluster", "lower it"]),
+    (["trainer.launcher=torchrun", "actor.n_devices=1"], ["actor.n_devices=1 needs trainer.launcher=ray"]),
+    (["rollout.tp=2"], ["rollout.tp=2 does not divide actor.parallel.tp=1", "use one of 1"]),
+    (["model.dtype=bf17"], ["model.dtype=bf17", "one of fp32, bf16, fp16"]),
+    (
+        ["model.make_vocab_size_divisible_by=0"],
+        ["model.make_vocab_size_divisible_by=0 must be ≥ 1", "use 128"],
+    ),
+    (["model.path={tmp}/missing"], ["/missing does not exist", "Hugging Face checkpoint directory"]),
+    (["rollout.top_p=0"], ["rollout.top_p=0.0 must be in (0, 1]"]),
+    (["rollout.temperature=-1"], ["rollout.temperature=-1.0 must be ≥ 0"]),
+    (["rollout.temperature=0"], ["rollout.temperature=0 (greedy)", "set rollout.temperature > 0"]),
+    (["rollout.n=1"], ["rollout.n=1 but algorithm.adv_estimator=grpo", "set rollout.n ≥ 2"]),
+    (["actor.optimizer.lr=0"], ["actor.optimizer.lr=0.0 must be > 0", "e.g. actor.optimizer.lr=1e-6"]),
+    (["actor.optimizer.min_lr=1"], ["actor.optimizer.min_lr=1.0 must be in [0, actor.optimizer.lr=1e-05]"]),
+    (["actor.optimizer.lr_warmup_steps=10"], ["lr_warmup_steps=10 is not below trainer.total_steps=10"]),
+    (
+        ["data.train_batch_size=7"],
+        ["data.train_batch_size=7 is not a multiple of the actor's data-parallel size 2"],
+    ),
+    (["algorithm.ppo_mini_batch_size=16"], ["ppo_mini_batch_size=16 exceeds data.train_batch_size=8"]),
+    (["algorithm.ppo_mini_batch_size=3"], ["ppo_mini_batch_size=3 does not divide data.train_batch_size=8"]),
+    (
+        ["actor.micro_batch_size=3"],
+        ["actor.micro_batch_size=3 does not divide the 8 sequences", "use one of 1, 2, 4, 8"],
+    ),
+    (["actor.max_tokens_per_micro_batch=50"], ["max_tokens_per_micro_batch=50 is smaller than one sequence"]),
+    (["data.max_response_length=0"], ["data.max_response_length=0 must be ≥ 1"]),
+    (["data.train_files=[prompts.csv]"], ["data.train_files[0]=prompts.csv has an unsupported format"]),
+    (["algorithm.clip_ratio_low=0"], ["algorithm.clip_ratio_low=0.0 must be in (0, 1)"]),
+    (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5 must be in [0, 1]"]),
+    (["algorithm.adv_estimator=gae"], ["algorithm.adv_estimator=gae contradicts algorithm.name=grpo"]),
+    (
+        ["algorithm.name=ppo", "algorithm.adv_estimator=gae", "critic.enable=false"],
+        ["adv_estimator=gae needs a value model but critic.enable=false", "set critic.enable=true"],
+    ),
+    (["ref.enable=false"], ["algorithm.use_kl_loss=true needs the reference model", "set ref.enable=true"]),
+    (["reward.enable=true"], ["reward.model_path is not set", "set reward.model_path="]),
+    (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator=k4", "one of k1, k2, k3, low_var_kl"]),
+    (
+        ["logging.backends=[console,mlflow]"],
+        ["logging.backends=[console, mlflow]", "console, jsonl, tensorboard, wandb"],
+    ),
+    (["logging.backends=[console,console]"], ["logging.backends lists console more than once"]),
+    (["trainer.launcher=slurm"], ["trainer.launcher=slurm", "one of ray, torchrun"]),
+    (["trainer.resume=/nonexistent/ckpt"], ["trainer.resume=/nonexistent/ckpt is neither auto, disable nor"]),
+    (["trainer.eval_every=5", "data.val_files=[]"], ["trainer.eval_every=5 but data.val_files is empty"]),
+    (["actor.parallel.tp"], ["override 'actor.parallel.tp' is not key=value"]),
+    (["actor=3"], ["actor is a section, not a value"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), INVALID, ids=lambda v: " ".join(v) if v else "")
+def test_invalid_config_names_key_and_fix(tmp_path, tiny_run, overrides, expected):
+    overrides = [o.replace("{tmp}", str(tmp_path)) for o in overrides]
+    message = str(_error(tiny_run + overrides))
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_unknown_key_in_yaml_suggests_the_right_one(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("actor:\n  paralel:\n    tp: 2\nrollout:\n  temprature: 0.7\n")
+    err = _error([], path, check_paths=False)
+    assert "unknown key 'actor.paralel' — did you mean 'actor.parallel'?" in err.problems
+    assert "unknown key 'rollout.temprature' — did you mean 'rollout.temperature'?" in err.problems
+
+
+def test_misplaced_leaf_suggests_its_full_keys():
+    err = _error(["tp=2"], None, check_paths=False)
+    assert "'actor.parallel.tp'" in str(err) and "'rollout.tp'" in str(err)
+
+
+def test_one_error_lists_every_problem(tiny_run):
+    overrides = ["actor.parallel.tp=3", "rollout.top_p=2", "algorithm.gamma=-1", "logging.log_every=0"]
+    err = _error(tiny_run + overrides)
+    assert len(err.problems) >= 4
+    assert str(err).startswith(f"invalid megarl config ({len(err.problems)} problems):")
+    for key in ("actor.parallel.tp=3", "rollout.top_p=2.0", "algorithm.gamma=-1.0", "logging.log_every=0"):
+        assert any(p.startswith(key) for p in err.problems), key
+
+
+def test_type_errors_are_all_reported_before_semantic_checks():
+    err = _error(["actor.parallel.tp=two", "rollout.n=many", "model.dtype=int4"], None, check_paths=False)
+    assert len(err.problems) == 3
+
+
+def test_omegaconf_errors_do_not_escape(tmp_path):
+    err = _error(["actor.parallel.tp=${nowhere.tp}"], None, check_paths=False)
+    assert "actor.parallel.tp" in str(err) and err.__suppress_context__
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("actor: [1,\n  tp: 2\n")
+    assert "is not valid YAML" in str(_error([], bad_yaml))
+    assert "does not exist" in str(_error([], tmp_path / "absent.yaml"))
+
+
+def test_overrides_apply_in_order_on_top_of_the_file():
+    cfg = load_config(
+        QUICKSTART,
+        [
+            "rollout.n=2",
+            "rollout.n=8",
+            "actor.optimizer.lr=3e-6",
+            "data.train_files=x.parquet",
+            "rollout.top_k=50",
+        ],
+        check_paths=False,
+    )
+    assert cfg.rollout.n == 8
+    assert cfg.actor.optimizer.lr == pytest.approx(3e-6)
+    assert cfg.data.train_files == ["x.parquet"]
+    assert cfg.rollout.top_k == 50
+    assert cfg.data.max_prompt_length == 64  # from the file
+    assert cfg.actor.optimizer.betas == [0.9, 0.999]  # schema default
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load_without_model(path, tmp_path):
+    cfg = load_config(path, check_paths=False)
+    dumped = tmp_path / "dumped.yaml"
+    dumped.write_text(config_to_yaml(cfg))
+    assert load_config(dumped, check_paths=False) == cfg
+
+
+def test_tiny_model_quickstart_passes_and_resolves_auto_fields(tiny_run):
+    cfg = load_config(QUICKSTART, tiny_run)
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.critic.enable is False and cfg.ref.enable is True and cfg.reward.enable is False
+    assert cfg.world_size("actor") == 2 and cfg.data_parallel_size("actor") == 2
+    assert cfg.parallel_of("ref") is cfg.actor.parallel
+
+
+def test_ppo_llama_8b_layout_fits_llama3_8b(tmp_path):
+    llama3 = dict(
+        TINY_LLAMA, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256
+    )
+    model = _write_model(tmp_path / "llama3_8b", llama3)
+    (tmp_path / "train.parquet").touch()
+    overrides = [
+        f"model.path={model}",
+        f"data.train_files=[{tmp_path / 'train.parquet'}]",
+        "data.val_files=[]",
+    ]
+    cfg = load_config(CONFIGS / "ppo_llama_8b.yaml", [*overrides, "trainer.eval_every=0"])
+    assert cfg.critic.enable and cfg.ref.enable
+    assert cfg.data_parallel_size("actor") == cfg.data_parallel_size("critic") == 2
+    err = _error(
+        [*overrides, "trainer.eval_every=0", "rollout.tp=8", "actor.parallel.pp=3"],
+        CONFIGS / "ppo_llama_8b.yaml",
+    )
+    assert any(p.startswith("rollout.tp=8 does not divide actor.parallel.tp=4") for p in err.problems)
+    assert any(p.startswith("actor.parallel.pp=3 does not divide num_hidden_layers=32") for p in err.problems)
+
+
+def test_config_to_yaml_round_trips(tmp_path, tiny_run):
+    cfg = load_config(QUICKSTART, tiny_run)
+    path = tmp_path / "dumped.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_validate_checks_configs_built_in_python():
+    cfg = MegarlConfig()
+    cfg.model.dtype = "bf17"  # type: ignore[assignment]
+    cfg.logging.backends = ["console", "mlflow"]  # type: ignore[list-item]
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, check_paths=False)
+    assert "model.dtype='bf17', which is not allowed; use one of fp32, bf16, fp16" in info.value.problems
+    assert any(p.startswith("logging.backends contains 'mlflow'") for p in info.value.problems)
+
+
+def test_auto_roles_follow_the_algorithm():
+    cfg = load_config(None, ["algorithm.name=ppo", "reward.model_path=/rm"], check_paths=False)
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable and cfg.reward.enable
+    assert not cfg.ref.enable
+
+
+@pytest.mark.parametrize(
+    ("vocab", "divisible_by", "tp", "padded"),
+    [
+        (1001, 128, 1, 1024),
+        (1001, 128, 4, 1024),
+        (32000, 128, 4, 32256),
+        (1024, 128, 8, 1024),
+        (50257, 128, 1, 50304),
+    ],
+)
+def test_padded_vocab_size(vocab, divisible_by, tp, padded):
+    assert padded_vocab_size(vocab, divisible_by, tp) == padded
