@@ -138,11 +138,12 @@ def check_worker_group(cfg: MegarlConfig, role: str, dims: ModelDims | None, pro
             )
             layout_ok = False
     if dims is not None:
-        _check_layout_vs_model(key, p, dims, problems)
+        check_layout_vs_model(key, p, dims, problems)
     return layout_ok
 
 
-def _check_layout_vs_model(key: str, p: Any, dims: ModelDims, problems: list[str]) -> None:
+def check_layout_vs_model(key: str, p: Any, dims: ModelDims, problems: list[str]) -> None:
+    """Append a problem for each size of layout `p` (tp, pp, vpp, ep) that the model cannot be split by."""
     heads = [
         ("num_attention_heads", dims.num_attention_heads),
         ("num_key_value_heads", dims.num_key_value_heads),

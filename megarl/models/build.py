@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from megarl.distributed.layout import ParallelLayout
-from megarl.models.from_hf import ModelArchitecture, padded_vocab_size
+from megarl.config.schema import padded_vocab_size
+from megarl.models.from_hf import ModelArchitecture
 
 
 def transformer_engine_available() -> bool:

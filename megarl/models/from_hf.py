@@ -38,12 +38,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron's convention: pad the vocabulary to a multiple of divisible_by * tp."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
-
-
 @dataclass(frozen=True)
 class ModelArchitecture:
     """Everything needed to build a GPTModel equal to one HF checkpoint."""
@@ -157,8 +151,9 @@ class ModelArchitecture:
             # gloo pairs messages in order: batched p2p silently mismatches peers under PP x VPP.
             batch_p2p_comm=False,
             batch_p2p_sync=False,
-            variable_seq_lengths=True,
-            moe_token_dispatcher_type="alltoall",  # dense models; the allgather default rejects variable lengths
+            # Shapes are fixed per schedule call (micro-batches are padded to one length): the shape
+            # exchange that variable lengths need uses batched p2p, which mismatches on gloo at PP=2.
+            variable_seq_lengths=False,
             # Initialisation is what tags TP parameters (tensor_model_parallel, partition_dim); the
             # per-shard ("gpu") path does it without materialising full weights on every rank.
             use_cpu_initialization=False,

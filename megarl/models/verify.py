@@ -10,7 +10,6 @@ Rank 0 prints one JSON line per layout (prefixed with RESULT) and the process ex
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -19,15 +18,13 @@ import torch
 import torch.distributed as dist
 
 from megarl.distributed.backend import init_distributed
+from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
 from megarl.models.forward import gather_logits, grad_norm, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
-
-RESULT_PREFIX = "RESULT "
-
 
 def parse_layout(text: str, world_size: int) -> ParallelLayout:
     """'tp2pp2', 'tp2xpp2', 'tp1pp2vpp2' -> ParallelLayout over world_size ranks."""
@@ -112,6 +109,7 @@ def check_layout(layout: ParallelLayout, arch: ModelArchitecture, reader, tokens
         "layout": layout.describe(),
         "max_abs_logit_diff": stats[0].item(),
         "loss": stats[1].item(),
+        "hf_logits_abs_max": ref["logits"].abs().max().item(),
         "hf_loss": ref["loss"],
         "loss_abs_diff": abs(stats[1].item() - ref["loss"]),
         "grad_norm": norm,
@@ -152,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             ok &= result["passed"]
             if env.rank == 0:
-                print(RESULT_PREFIX + json.dumps(result), flush=True)
+                report(result)
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1

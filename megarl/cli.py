@@ -1,0 +1,179 @@
+"""`megarl` command line: one entry point, one sub-command per job.
+
+  megarl config show CONFIG [key=value ...]     resolved config, or the validation problems (exit 2)
+  megarl tiny-model --out DIR [--family F]      a tiny random HF model + tokenizer, built offline
+  megarl convert hf-to-mcore --hf DIR --out DIR --tp N --pp N
+  megarl convert mcore-to-hf --ckpt DIR --out DIR
+  megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
+  megarl quickstart [--out DIR]                 the end-to-end check of everything built so far
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input found before any process starts; the message says how to fix it."""
+
+
+def _check_launch(hf: str, tp: int, pp: int, vpp: int | None, nproc: int) -> None:
+    """Reject impossible conversions/verifications before torchrun starts any rank."""
+    from megarl.config.errors import ConfigError
+    from megarl.config.parallel_checks import check_layout_vs_model, read_model_dims
+    from megarl.config.schema import ParallelConfig
+
+    problems: list[str] = []
+    if not (Path(hf) / "config.json").is_file():
+        raise UsageError(f"--hf {hf}: no config.json there; point it at a Hugging Face checkpoint directory")
+    if nproc < 1 or tp < 1 or pp < 1:
+        raise UsageError(f"--tp {tp} --pp {pp} --nproc {nproc}: all must be >= 1")
+    if nproc % (tp * pp):
+        problems.append(f"--nproc {nproc} is not a multiple of tp*pp={tp * pp}; use --nproc {tp * pp}")
+    if vpp is not None and pp == 1:
+        problems.append(f"--vpp {vpp} needs --pp > 1")
+    check_layout_vs_model("--tp/--pp", ParallelConfig(tp=tp, pp=pp, vpp=vpp), read_model_dims(hf), problems)
+    if problems:
+        raise UsageError(str(ConfigError(problems)).replace("invalid megarl config", "invalid layout"))
+
+
+def _launch(module: str, args: list[str], nproc: int) -> dict:
+    from megarl.distributed.launch import run_torchrun
+
+    result = run_torchrun(module, args, nproc)
+    if result.returncode != 0 and not result.results:
+        raise UsageError(f"{module} failed on {nproc} rank(s):\n{result.failure_summary()}")
+    return {"returncode": result.returncode, "results": result.results}
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from megarl.config import config_to_yaml, load_config
+
+    print(config_to_yaml(load_config(args.config, args.overrides, check_paths=not args.no_check_paths)), end="")
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from megarl.models.tiny import build_tiny_hf
+
+    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
+    print(build_tiny_hf(args.out, family=args.family, seed=args.seed, **overrides))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    module = "megarl.models.convert.worker"
+    if args.direction == "hf-to-mcore":
+        _check_launch(args.hf, args.tp, args.pp, args.vpp, args.tp * args.pp)
+        worker_args = ["hf-to-mcore", "--hf", args.hf, "--out", args.out, "--tp", str(args.tp), "--pp", str(args.pp)]
+        worker_args += ["--vpp", str(args.vpp)] if args.vpp else []
+        worker_args += ["--dtype", args.dtype] if args.dtype else []
+        worker_args += ["--overwrite"] if args.overwrite else []
+        outcome = _launch(module, worker_args, args.tp * args.pp)
+    else:
+        from megarl.models.convert.mcore_checkpoint import read_meta
+
+        read_meta(args.ckpt)
+        if Path(args.out).exists() and not args.overwrite:
+            raise UsageError(f"--out {args.out} already exists; remove it or pass --overwrite")
+        outcome = _launch(module, ["mcore-to-hf", "--ckpt", args.ckpt, "--out", args.out], 1)
+    for result in outcome["results"]:
+        print(json.dumps(result))
+    return outcome["returncode"]
+
+
+def cmd_verify_model(args: argparse.Namespace) -> int:
+    nproc = args.nproc or args.tp * args.pp
+    _check_launch(args.hf, args.tp, args.pp, args.vpp, nproc)
+    layout = f"tp{args.tp}pp{args.pp}" + (f"vpp{args.vpp}" if args.vpp else "")
+    worker_args = ["--hf", args.hf, "--layouts", layout, "--tolerance", str(args.tolerance)]
+    outcome = _launch("megarl.models.verify", worker_args, nproc)
+    for r in outcome["results"]:
+        if args.json:
+            print(json.dumps(r))
+        else:
+            verdict = "OK" if r["passed"] else "FAILED"
+            print(
+                f"{verdict} {r['family']} {r['layout']}: max|Δlogits|={r['max_abs_logit_diff']:.2e} "
+                f"(tolerance {r['tolerance']:.0e}), |Δloss|={r['loss_abs_diff']:.2e}, "
+                f"max|Δgrad|={r['max_abs_grad_diff']:.2e}, grad-norm rel. diff={r['grad_norm_rel_diff']:.2e}"
+            )
+    return 0 if outcome["results"] and all(r["passed"] for r in outcome["results"]) else 1
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from megarl.quickstart import run_quickstart
+
+    return run_quickstart(Path(args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megarl", description="Megatron-native RL post-training for LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    config = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
+    show = config.add_parser("show", help="print the resolved config or the validation problems")
+    show.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
+    show.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.parallel.tp=2")
+    show.add_argument("--no-check-paths", action="store_true", help="skip checks that need model/data files")
+    show.set_defaults(func=cmd_config_show)
+
+    tiny = sub.add_parser("tiny-model", help="build a tiny random HF model + tokenizer offline")
+    tiny.add_argument("--out", required=True)
+    tiny.add_argument("--family", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"])
+    tiny.add_argument("--layers", type=int, default=None)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=cmd_tiny_model)
+
+    convert = sub.add_parser("convert", help="HF <-> megatron checkpoints").add_subparsers(dest="direction", required=True)
+    to_mcore = convert.add_parser("hf-to-mcore", help="HF safetensors -> megarl megatron dist-checkpoint")
+    to_mcore.add_argument("--hf", required=True)
+    to_mcore.add_argument("--out", required=True)
+    to_mcore.add_argument("--tp", type=int, default=1)
+    to_mcore.add_argument("--pp", type=int, default=1)
+    to_mcore.add_argument("--vpp", type=int, default=None)
+    to_mcore.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None, help="default: the HF dtype")
+    to_mcore.add_argument("--overwrite", action="store_true")
+    to_mcore.set_defaults(func=cmd_convert)
+    to_hf = convert.add_parser("mcore-to-hf", help="megarl megatron checkpoint -> HF safetensors")
+    to_hf.add_argument("--ckpt", required=True)
+    to_hf.add_argument("--out", required=True)
+    to_hf.add_argument("--overwrite", action="store_true")
+    to_hf.set_defaults(func=cmd_convert)
+
+    verify = sub.add_parser("verify-model", help="compare megatron logits/grads with transformers at a layout")
+    verify.add_argument("--hf", required=True)
+    verify.add_argument("--tp", type=int, default=1)
+    verify.add_argument("--pp", type=int, default=1)
+    verify.add_argument("--vpp", type=int, default=None)
+    verify.add_argument("--nproc", type=int, default=None, help="ranks to launch (default tp*pp; more = DP)")
+    verify.add_argument("--tolerance", type=float, default=5e-5, help="max |Δlogits| allowed (fp32)")
+    verify.add_argument("--json", action="store_true", help="print one JSON line per layout")
+    verify.set_defaults(func=cmd_verify_model)
+
+    quick = sub.add_parser("quickstart", help="build, convert, round-trip and verify a tiny model")
+    quick.add_argument("--out", default="outputs/quickstart")
+    quick.set_defaults(func=cmd_quickstart)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from megarl.config.errors import ConfigError
+    from megarl.models.convert.mcore_checkpoint import CheckpointError
+    from megarl.models.from_hf import UnsupportedModelError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ConfigError, CheckpointError, UnsupportedModelError, FileNotFoundError) as e:
+        print(f"megarl {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""megarl's megatron checkpoint: a megatron dist-checkpoint plus the HF metadata to rebuild the model.
+
+Layout of a checkpoint directory:
+  megarl_checkpoint.json   format version, dtype, padded vocabulary, the layout it was saved from
+  hf/                      config.json, generation config and tokenizer files of the source model
+  model/                   megatron dist-checkpoint (torch_dist): loadable at any TP/PP/VPP layout
+
+Writes go to `<dir>.partial` and are renamed into place only when every rank has finished, so a
+crash never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megarl.distributed.layout import ParallelLayout
+
+META_FILE = "megarl_checkpoint.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is missing, incomplete or not a megarl checkpoint."""
+
+
+def partial_dir(out_dir: str | Path) -> Path:
+    return Path(str(out_dir).rstrip("/") + ".partial")
+
+
+def begin_write(out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Rank 0 prepares an empty staging directory; every rank gets its path."""
+    out_dir = Path(out_dir)
+    staging = partial_dir(out_dir)
+    if out_dir.exists() and not overwrite:  # checked on every rank, so all of them stop together
+        raise CheckpointError(f"{out_dir} already exists; remove it, choose another --out or pass --overwrite")
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "model").mkdir(parents=True)
+    dist.barrier()
+    return staging
+
+
+def finish_write(staging: Path, out_dir: str | Path) -> None:
+    """After every rank wrote its part: rank 0 moves the staging directory into place."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        out_dir = Path(out_dir)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    dist.barrier()
+
+
+def _sharded_state(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+    if len(chunks) == 1:
+        return {"model": chunks[0].sharded_state_dict()}
+    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+
+
+def save_model(chunks: list[torch.nn.Module], staging: Path, meta: dict[str, Any], hf_dir: str | Path) -> None:
+    """Collective: every rank writes its shards; rank 0 writes the metadata and HF files."""
+    from megatron.core import dist_checkpointing
+
+    from megarl.models.convert.hf_io import copy_hf_metadata
+
+    dist_checkpointing.save(_sharded_state(chunks), str(staging / "model"))
+    if dist.get_rank() == 0:
+        copy_hf_metadata(hf_dir, staging / "hf")
+        (staging / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2))
+
+
+def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
+    ckpt_dir = Path(ckpt_dir)
+    if partial_dir(ckpt_dir).exists() and not ckpt_dir.exists():
+        raise CheckpointError(f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists); re-run the conversion")
+    meta_file = ckpt_dir / META_FILE
+    if not meta_file.is_file():
+        raise CheckpointError(
+            f"{ckpt_dir} is not a megarl checkpoint (no {META_FILE}); create one with `megarl convert hf-to-mcore`"
+        )
+    try:
+        meta = json.loads(meta_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta_file} is corrupt ({e}); re-run the conversion") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{ckpt_dir}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
+    if not (ckpt_dir / "model" / "metadata.json").is_file() or not (ckpt_dir / "hf" / "config.json").is_file():
+        raise CheckpointError(f"{ckpt_dir} is incomplete (model/metadata.json or hf/config.json missing)")
+    return meta
+
+
+def padded_vocab_for(meta: dict[str, Any], layout: ParallelLayout) -> int:
+    """The saved padded vocabulary, which must split evenly over the new TP size."""
+    padded = meta["padded_vocab_size"]
+    if padded % layout.tp:
+        raise CheckpointError(
+            f"the checkpoint's padded vocabulary ({padded}) does not split over tp={layout.tp}; "
+            f"load it with a tp that divides {padded}, or convert again from HF at this tp"
+        )
+    return padded
+
+
+def load_model(chunks: list[torch.nn.Module], ckpt_dir: str | Path) -> None:
+    """Collective: fill `chunks` (any layout) from the checkpoint's dist-checkpoint."""
+    from megatron.core import dist_checkpointing
+
+    state = dist_checkpointing.load(_sharded_state(chunks), str(Path(ckpt_dir) / "model"))
+    for i, chunk in enumerate(chunks):
+        chunk.load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])

@@ -1,0 +1,89 @@
+"""Rank code of `megarl convert` (launched by torchrun): HF <-> megarl megatron checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch.distributed as dist
+
+from megarl.distributed.backend import init_distributed
+from megarl.distributed.launch import report
+from megarl.distributed.layout import ParallelLayout
+from megarl.models.build import build_model_chunks
+from megarl.models.convert import mcore_checkpoint as ckpt
+from megarl.models.convert.hf_io import HFCheckpointReader, copy_hf_metadata, write_hf_weights
+from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
+from megarl.models.from_hf import ModelArchitecture
+
+
+def hf_dtype(arch: ModelArchitecture) -> str:
+    name = str(arch.hf_config.get("dtype") or arch.hf_config.get("torch_dtype") or "float32")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, "fp32")
+
+
+def hf_to_mcore(args: argparse.Namespace) -> dict:
+    from megatron.core import parallel_state as ps
+
+    arch = ModelArchitecture.from_pretrained(args.hf)
+    layout = ParallelLayout(world_size=dist.get_world_size(), tp=args.tp, pp=args.pp, vpp=args.vpp)
+    layout.initialize()
+    dtype = args.dtype or hf_dtype(arch)
+    chunks = build_model_chunks(arch, layout, dtype, args.make_vocab_size_divisible_by)
+    loaded = load_hf_into_chunks(chunks, arch, HFCheckpointReader(args.hf), ps.get_tensor_model_parallel_rank(), layout.tp)
+    padded = chunks[0].vocab_size
+    staging = ckpt.begin_write(args.out, overwrite=args.overwrite)
+    meta = {"dtype": dtype, "padded_vocab_size": padded, "saved_layout": layout.describe(), "source": str(args.hf)}
+    ckpt.save_model(chunks, staging, meta, args.hf)
+    ckpt.finish_write(staging, args.out)
+    return {"out": str(args.out), "layout": layout.describe(), "params_loaded_rank0": loaded, "dtype": dtype}
+
+
+def mcore_to_hf(args: argparse.Namespace) -> dict:
+    meta = ckpt.read_meta(args.ckpt)
+    hf_meta_dir = f"{args.ckpt}/hf"
+    arch = ModelArchitecture.from_pretrained(hf_meta_dir)
+    layout = ParallelLayout(world_size=dist.get_world_size())
+    if layout.world_size != 1:
+        raise ValueError("mcore-to-hf runs on one rank (the dist-checkpoint is resharded to TP1/PP1 on load)")
+    layout.initialize()
+    chunks = build_model_chunks(arch, layout, meta["dtype"], padded_vocab=ckpt.padded_vocab_for(meta, layout))
+    ckpt.load_model(chunks, args.ckpt)
+    staging = ckpt.partial_dir(args.out)
+    write_hf_weights(staging, to_hf_tensors(full_megatron_tensors(chunks, arch), arch))
+    copy_hf_metadata(hf_meta_dir, staging)
+    ckpt.finish_write(staging, args.out)
+    return {"out": str(args.out), "from": str(args.ckpt), "dtype": meta["dtype"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    to_mcore = sub.add_parser("hf-to-mcore")
+    to_mcore.add_argument("--hf", required=True)
+    to_mcore.add_argument("--out", required=True)
+    to_mcore.add_argument("--tp", type=int, default=1)
+    to_mcore.add_argument("--pp", type=int, default=1)
+    to_mcore.add_argument("--vpp", type=int, default=None)
+    to_mcore.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None)
+    to_mcore.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    to_mcore.add_argument("--overwrite", action="store_true")
+    to_hf = sub.add_parser("mcore-to-hf")
+    to_hf.add_argument("--ckpt", required=True)
+    to_hf.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    init_distributed()
+    start = time.perf_counter()
+    result = (hf_to_mcore if args.mode == "hf-to-mcore" else mcore_to_hf)(args)
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    if dist.get_rank() == 0:
+        report(result)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny HF models built once per session, and a torchrun launcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megarl.distributed.launch import LaunchResult, run_torchrun
+
+# Larger-than-default init so logits are O(1-10): conversion mistakes then show up far above tolerance.
+PARITY_INIT = {"initializer_range": 0.1}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Llama (untied) and Qwen2 (q/k/v bias, tied embeddings), vocab 1001 (not divisible by TP)."""
+    from megarl.models.tiny import build_tiny_hf
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {family: build_tiny_hf(root / family, family=family, **PARITY_INIT) for family in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="session")
+def torchrun():
+    """torchrun(module, args, nproc) -> LaunchResult; fails the test with the ranks' errors if it crashed."""
+
+    def launch(module: str, args: list[str], nproc: int, timeout: float = 240, check: bool = True) -> LaunchResult:
+        result = run_torchrun(module, [str(a) for a in args], nproc, timeout=timeout)
+        if check and result.returncode != 0:
+            pytest.fail(f"{module} exited {result.returncode}:\n{result.failure_summary()}")
+        return result
+
+    return launch
