@@ -1,11 +1,11 @@
 """`megarl` command line: one entry point, one sub-command per job.
 
-  megarl config show CONFIG [key=value ...]     resolved config, or the validation problems (exit 2)
-  megarl tiny-model --out DIR [--family F]      a tiny random HF model + tokenizer, built offline
-  megarl convert hf-to-mcore --hf DIR --out DIR --tp N --pp N
-  megarl convert mcore-to-hf --ckpt DIR --out DIR
-  megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
-  megarl quickstart [--out DIR]                 the end-to-end check of everything built so far
+megarl config show CONFIG [key=value ...]     resolved config, or the validation problems (exit 2)
+megarl tiny-model --out DIR [--family F]      a tiny random HF model + tokenizer, built offline
+megarl convert hf-to-mcore --hf DIR --out DIR --tp N --pp N
+megarl convert mcore-to-hf --ckpt DIR --out DIR
+megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
+megarl quickstart [--out DIR]                 the end-to-end check of everything built so far
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def _check_launch(hf: str, tp: int, pp: int, vpp: int | None, nproc: int) -> Non
     from megarl.config.errors import ConfigError
     from megarl.config.parallel_checks import check_layout_vs_model, read_model_dims
     from megarl.config.schema import ParallelConfig
+    from megarl.models.from_hf import ModelArchitecture
 
     problems: list[str] = []
     if not (Path(hf) / "config.json").is_file():
@@ -37,7 +38,12 @@ def _check_launch(hf: str, tp: int, pp: int, vpp: int | None, nproc: int) -> Non
         problems.append(f"--nproc {nproc} is not a multiple of tp*pp={tp * pp}; use --nproc {tp * pp}")
     if vpp is not None and pp == 1:
         problems.append(f"--vpp {vpp} needs --pp > 1")
-    check_layout_vs_model("--tp/--pp", ParallelConfig(tp=tp, pp=pp, vpp=vpp), read_model_dims(hf), problems)
+    ModelArchitecture.from_pretrained(hf)  # names an unsupported architecture before anything else
+    try:
+        dims = read_model_dims(hf)
+    except (KeyError, ValueError, TypeError) as e:
+        raise UsageError(f"--hf {hf}: config.json is malformed ({type(e).__name__}: {e})") from None
+    check_layout_vs_model("--tp/--pp", ParallelConfig(tp=tp, pp=pp, vpp=vpp), dims, problems)
     if problems:
         raise UsageError(str(ConfigError(problems)).replace("invalid megarl config", "invalid layout"))
 
@@ -54,7 +60,9 @@ def _launch(module: str, args: list[str], nproc: int) -> dict:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from megarl.config import config_to_yaml, load_config
 
-    print(config_to_yaml(load_config(args.config, args.overrides, check_paths=not args.no_check_paths)), end="")
+    print(
+        config_to_yaml(load_config(args.config, args.overrides, check_paths=not args.no_check_paths)), end=""
+    )
     return 0
 
 
@@ -68,9 +76,23 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     module = "megarl.models.convert.worker"
+    if Path(args.out).exists() and not args.overwrite:
+        raise UsageError(
+            f"--out {args.out} already exists; remove it, choose another --out or pass --overwrite"
+        )
     if args.direction == "hf-to-mcore":
         _check_launch(args.hf, args.tp, args.pp, args.vpp, args.tp * args.pp)
-        worker_args = ["hf-to-mcore", "--hf", args.hf, "--out", args.out, "--tp", str(args.tp), "--pp", str(args.pp)]
+        worker_args = [
+            "hf-to-mcore",
+            "--hf",
+            args.hf,
+            "--out",
+            args.out,
+            "--tp",
+            str(args.tp),
+            "--pp",
+            str(args.pp),
+        ]
         worker_args += ["--vpp", str(args.vpp)] if args.vpp else []
         worker_args += ["--dtype", args.dtype] if args.dtype else []
         worker_args += ["--overwrite"] if args.overwrite else []
@@ -79,8 +101,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from megarl.models.convert.mcore_checkpoint import read_meta
 
         read_meta(args.ckpt)
-        if Path(args.out).exists() and not args.overwrite:
-            raise UsageError(f"--out {args.out} already exists; remove it or pass --overwrite")
         outcome = _launch(module, ["mcore-to-hf", "--ckpt", args.ckpt, "--out", args.out], 1)
     for result in outcome["results"]:
         print(json.dumps(result))
@@ -90,7 +110,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_verify_model(args: argparse.Namespace) -> int:
     nproc = args.nproc or args.tp * args.pp
     _check_launch(args.hf, args.tp, args.pp, args.vpp, nproc)
-    layout = f"tp{args.tp}pp{args.pp}" + (f"vpp{args.vpp}" if args.vpp else "")
+    if args.sequence_parallel and args.tp == 1:
+        raise UsageError("--sequence-parallel needs --tp > 1")
+    layout = (
+        f"tp{args.tp}pp{args.pp}"
+        + (f"vpp{args.vpp}" if args.vpp else "")
+        + ("sp" if args.sequence_parallel else "")
+    )
     worker_args = ["--hf", args.hf, "--layouts", layout, "--tolerance", str(args.tolerance)]
     outcome = _launch("megarl.models.verify", worker_args, nproc)
     for r in outcome["results"]:
@@ -130,14 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_tiny_model)
 
-    convert = sub.add_parser("convert", help="HF <-> megatron checkpoints").add_subparsers(dest="direction", required=True)
+    convert = sub.add_parser("convert", help="HF <-> megatron checkpoints").add_subparsers(
+        dest="direction", required=True
+    )
     to_mcore = convert.add_parser("hf-to-mcore", help="HF safetensors -> megarl megatron dist-checkpoint")
     to_mcore.add_argument("--hf", required=True)
     to_mcore.add_argument("--out", required=True)
     to_mcore.add_argument("--tp", type=int, default=1)
     to_mcore.add_argument("--pp", type=int, default=1)
     to_mcore.add_argument("--vpp", type=int, default=None)
-    to_mcore.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None, help="default: the HF dtype")
+    to_mcore.add_argument(
+        "--dtype", choices=["fp32", "bf16", "fp16"], default=None, help="default: the HF dtype"
+    )
     to_mcore.add_argument("--overwrite", action="store_true")
     to_mcore.set_defaults(func=cmd_convert)
     to_hf = convert.add_parser("mcore-to-hf", help="megarl megatron checkpoint -> HF safetensors")
@@ -146,11 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     to_hf.add_argument("--overwrite", action="store_true")
     to_hf.set_defaults(func=cmd_convert)
 
-    verify = sub.add_parser("verify-model", help="compare megatron logits/grads with transformers at a layout")
+    verify = sub.add_parser(
+        "verify-model", help="compare megatron logits/grads with transformers at a layout"
+    )
     verify.add_argument("--hf", required=True)
     verify.add_argument("--tp", type=int, default=1)
     verify.add_argument("--pp", type=int, default=1)
     verify.add_argument("--vpp", type=int, default=None)
+    verify.add_argument("--sequence-parallel", action="store_true")
     verify.add_argument("--nproc", type=int, default=None, help="ranks to launch (default tp*pp; more = DP)")
     verify.add_argument("--tolerance", type=float, default=5e-5, help="max |Δlogits| allowed (fp32)")
     verify.add_argument("--json", action="store_true", help="print one JSON line per layout")
@@ -167,7 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.models.convert.mcore_checkpoint import CheckpointError
     from megarl.models.from_hf import UnsupportedModelError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops filling a positional list at the first flag: `show CFG --no-check-paths a=1`.
+    if (
+        extra
+        and getattr(args, "overrides", None) is not None
+        and all("=" in e and not e.startswith("-") for e in extra)
+    ):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (UsageError, ConfigError, CheckpointError, UnsupportedModelError, FileNotFoundError) as e:

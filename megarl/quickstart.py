@@ -63,8 +63,12 @@ def run_quickstart(out: Path) -> int:
         ["hf-to-mcore", "--hf", str(models["qwen2"]), "--out", str(ckpt), "--tp", "2", "--pp", "2"],
         nproc=4,
     )
-    to_hf = run_torchrun("megarl.models.convert.worker", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(back)], 1)
-    identical = to_mcore.returncode == 0 and to_hf.returncode == 0 and round_trip_identical(models["qwen2"], back)
+    to_hf = run_torchrun(
+        "megarl.models.convert.worker", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(back)], 1
+    )
+    identical = (
+        to_mcore.returncode == 0 and to_hf.returncode == 0 and round_trip_identical(models["qwen2"], back)
+    )
     if to_mcore.returncode or to_hf.returncode:
         print((to_mcore if to_mcore.returncode else to_hf).failure_summary())
     print(f"      round trip bit-exact: {identical}; done in {time.perf_counter() - start:.1f}s")

@@ -18,14 +18,18 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     from megarl.models.tiny import build_tiny_hf
 
     root = tmp_path_factory.mktemp("tiny_models")
-    return {family: build_tiny_hf(root / family, family=family, **PARITY_INIT) for family in ("llama", "qwen2")}
+    return {
+        family: build_tiny_hf(root / family, family=family, **PARITY_INIT) for family in ("llama", "qwen2")
+    }
 
 
 @pytest.fixture(scope="session")
 def torchrun():
     """torchrun(module, args, nproc) -> LaunchResult; fails the test with the ranks' errors if it crashed."""
 
-    def launch(module: str, args: list[str], nproc: int, timeout: float = 240, check: bool = True) -> LaunchResult:
+    def launch(
+        module: str, args: list[str], nproc: int, timeout: float = 240, check: bool = True
+    ) -> LaunchResult:
         result = run_torchrun(module, [str(a) for a in args], nproc, timeout=timeout)
         if check and result.returncode != 0:
             pytest.fail(f"{module} exited {result.returncode}:\n{result.failure_summary()}")

@@ -156,7 +156,8 @@ def _apply_cuda_type_str() -> None:
 
     def type_(self, dtype=None, non_blocking=False, **kwargs):
         if dtype is None and not kwargs and self.device.type == "cpu":
-            return original(self).replace("torch.", "torch.cuda.", 1)
+            name = original(self)  # may already be rewritten: the cuda_literal mode re-enters this
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
         return original(self, dtype, non_blocking, **kwargs)
 
     torch.Tensor.type = type_
@@ -197,11 +198,26 @@ def _remove_sp_norm() -> None:
 SHIMS: dict[str, Shim] = {
     s.name: s
     for s in (
-        Shim("current_device", "every forward; DDP buffers; checkpoint save", _apply_current_device, _remove_current_device),
+        Shim(
+            "current_device",
+            "every forward; DDP buffers; checkpoint save",
+            _apply_current_device,
+            _remove_current_device,
+        ),
         Shim("rng", "any model (the TP-region RNG is forked even at dropout 0)", _apply_rng, _remove_rng),
-        Shim("cuda_literal", "pipeline schedules, optimizer, default causal mask", _apply_cuda_literal, _remove_cuda_literal),
+        Shim(
+            "cuda_literal",
+            "pipeline schedules, optimizer, default causal mask",
+            _apply_cuda_literal,
+            _remove_cuda_literal,
+        ),
         Shim("cuda_sync", "dist-checkpoint save", _apply_cuda_sync, _remove_cuda_sync),
-        Shim("cuda_type_str", "optimizer and grad clipping type asserts", _apply_cuda_type_str, _remove_cuda_type_str),
+        Shim(
+            "cuda_type_str",
+            "optimizer and grad clipping type asserts",
+            _apply_cuda_type_str,
+            _remove_cuda_type_str,
+        ),
         Shim("sp_norm", "sequence parallelism with the torch norm", _apply_sp_norm, _remove_sp_norm),
     )
 }

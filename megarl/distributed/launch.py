@@ -47,7 +47,11 @@ def run_torchrun(module: str, args: list[str], nproc: int, timeout: float | None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     output = proc.stdout + proc.stderr
-    results = [json.loads(ln[len(RESULT_PREFIX) :]) for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    results = [
+        json.loads(ln[len(RESULT_PREFIX) :])
+        for ln in proc.stdout.splitlines()
+        if ln.startswith(RESULT_PREFIX)
+    ]
     return LaunchResult(proc.returncode, results, output)
 
 

@@ -46,7 +46,9 @@ class ParallelLayout:
         if not problems and self.ep > 1 and self.dp * self.cp % self.ep:
             problems.append(f"ep={self.ep} must divide dp*cp={self.dp * self.cp}")
         if self.vpp is not None and (self.vpp < 1 or self.pp == 1):
-            problems.append(f"vpp={self.vpp} needs pp > 1 and vpp >= 1 (got pp={self.pp}); unset vpp or raise pp")
+            problems.append(
+                f"vpp={self.vpp} needs pp > 1 and vpp >= 1 (got pp={self.pp}); unset vpp or raise pp"
+            )
         if self.sequence_parallel and self.tp == 1:
             problems.append("sequence_parallel=True needs tp > 1; set sequence_parallel=False or tp >= 2")
         if problems:

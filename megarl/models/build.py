@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from megarl.distributed.layout import ParallelLayout
 from megarl.config.schema import padded_vocab_size
+from megarl.distributed.layout import ParallelLayout
 from megarl.models.from_hf import ModelArchitecture
 
 

@@ -87,7 +87,11 @@ def grad_norm(chunks: list[torch.nn.Module]) -> float:
         for param in chunk.parameters():
             grad = getattr(param, "main_grad", None)
             grad = param.grad if grad is None else grad
-            if grad is not None and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param):
+            if (
+                grad is not None
+                and param_is_not_shared(param)
+                and param_is_not_tensor_parallel_duplicate(param)
+            ):
                 total += grad.double().pow(2).sum()
     dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
     return total.sqrt().item()

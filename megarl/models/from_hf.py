@@ -35,7 +35,11 @@ FAMILIES: dict[str, Family] = {
 }
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE_DEFAULTS = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ class ModelArchitecture:
             )
         family = FAMILIES[model_type]
         if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"hidden_act={cfg['hidden_act']!r}: only 'silu' (SwiGLU) is supported")
+            raise UnsupportedModelError(
+                f"hidden_act={cfg['hidden_act']!r}: only 'silu' (SwiGLU) is supported"
+            )
         if cfg.get("mlp_bias"):
             raise UnsupportedModelError("mlp_bias=True is not supported")
         if cfg.get("use_sliding_window"):
@@ -80,7 +86,9 @@ class ModelArchitecture:
         if rope_type == "llama3":
             for key, default in _LLAMA3_ROPE_DEFAULTS.items():
                 if float(rope.get(key, default)) != default:
-                    raise UnsupportedModelError(f"llama3 rope scaling with {key}={rope[key]} (only {default})")
+                    raise UnsupportedModelError(
+                        f"llama3 rope scaling with {key}={rope[key]} (only {default})"
+                    )
         elif rope_type not in ("default", "linear"):
             raise UnsupportedModelError(f"rope_type={rope_type!r} is not supported (default, linear, llama3)")
         heads = cfg["num_attention_heads"]
@@ -109,7 +117,9 @@ class ModelArchitecture:
     def from_pretrained(cls, path: str | Path) -> ModelArchitecture:
         config_file = Path(path) / "config.json"
         if not config_file.is_file():
-            raise FileNotFoundError(f"{config_file} not found: is {path} a Hugging Face checkpoint directory?")
+            raise FileNotFoundError(
+                f"{config_file} not found: is {path} a Hugging Face checkpoint directory?"
+            )
         return cls.from_hf_config(json.loads(config_file.read_text()))
 
     def transformer_config(self, layout: ParallelLayout, dtype: str = "fp32"):

@@ -26,13 +26,19 @@ from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chu
 from megarl.models.forward import gather_logits, grad_norm, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
 
+
 def parse_layout(text: str, world_size: int) -> ParallelLayout:
-    """'tp2pp2', 'tp2xpp2', 'tp1pp2vpp2' -> ParallelLayout over world_size ranks."""
+    """'tp2pp2', 'tp1pp2vpp2', 'tp2pp1sp' (sequence parallel) -> ParallelLayout over world_size ranks."""
     sizes = {key: int(value) for key, value in re.findall(r"(vpp|tp|pp|cp)(\d+)", text)}
     if not sizes:
-        raise ValueError(f"cannot read a layout from {text!r}; write it like tp2pp1 or tp1pp2vpp2")
+        raise ValueError(f"cannot read a layout from {text!r}; write it like tp2pp1, tp1pp2vpp2 or tp2pp1sp")
     return ParallelLayout(
-        world_size=world_size, tp=sizes.get("tp", 1), pp=sizes.get("pp", 1), cp=sizes.get("cp", 1), vpp=sizes.get("vpp")
+        world_size=world_size,
+        tp=sizes.get("tp", 1),
+        pp=sizes.get("pp", 1),
+        cp=sizes.get("cp", 1),
+        vpp=sizes.get("vpp"),
+        sequence_parallel=text.endswith("sp"),
     )
 
 
@@ -54,7 +60,9 @@ def hf_reference(hf_dir: str, tokens: torch.Tensor) -> dict:
     return {"logits": logits.detach(), "loss": loss.item(), "grad_norm": norm.item(), "grads": grads}
 
 
-def check_layout(layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict) -> dict:
+def check_layout(
+    layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict
+) -> dict:
     from megatron.core import parallel_state as ps
 
     layout.initialize()
@@ -93,6 +101,8 @@ def check_layout(layout: ParallelLayout, arch: ModelArchitecture, reader, tokens
             if param.grad is None:
                 continue
             dist.all_reduce(param.grad, group=ps.get_data_parallel_group())
+            if getattr(param, "sequence_parallel", False):  # norms see only their sequence shard
+                dist.all_reduce(param.grad, group=ps.get_tensor_model_parallel_group())
             if getattr(param, "shared_embedding", False) and layout.pp > 1:
                 dist.all_reduce(param.grad, group=ps.get_embedding_group())
     loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)

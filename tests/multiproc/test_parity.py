@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.multiproc
 
-LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2"]
+LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
 
 
 @pytest.fixture(scope="module")

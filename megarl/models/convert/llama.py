@@ -34,10 +34,18 @@ PARAMS: dict[str, ParamMap] = {
     "decoder.layers.{i}.self_attention.linear_qkv.bias": ParamMap(
         tuple(_L + f"self_attn.{p}_proj.bias" for p in "qkv"), "qkv", "qkv"
     ),
-    "decoder.layers.{i}.self_attention.q_layernorm.weight": ParamMap((_L + "self_attn.q_norm.weight",), "replicated"),
-    "decoder.layers.{i}.self_attention.k_layernorm.weight": ParamMap((_L + "self_attn.k_norm.weight",), "replicated"),
-    "decoder.layers.{i}.self_attention.linear_proj.weight": ParamMap((_L + "self_attn.o_proj.weight",), "row"),
-    "decoder.layers.{i}.pre_mlp_layernorm.weight": ParamMap((_L + "post_attention_layernorm.weight",), "replicated"),
+    "decoder.layers.{i}.self_attention.q_layernorm.weight": ParamMap(
+        (_L + "self_attn.q_norm.weight",), "replicated"
+    ),
+    "decoder.layers.{i}.self_attention.k_layernorm.weight": ParamMap(
+        (_L + "self_attn.k_norm.weight",), "replicated"
+    ),
+    "decoder.layers.{i}.self_attention.linear_proj.weight": ParamMap(
+        (_L + "self_attn.o_proj.weight",), "row"
+    ),
+    "decoder.layers.{i}.pre_mlp_layernorm.weight": ParamMap(
+        (_L + "post_attention_layernorm.weight",), "replicated"
+    ),
     "decoder.layers.{i}.mlp.linear_fc1.weight": ParamMap(
         (_L + "mlp.gate_proj.weight", _L + "mlp.up_proj.weight"), "gate_up", "gate_up"
     ),

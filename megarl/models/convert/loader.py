@@ -24,7 +24,11 @@ def global_named_parameters(chunk: torch.nn.Module) -> Iterator[tuple[str, torch
     for name, param in model.named_parameters():
         template, local = llama.split_layer_name(name)
         if local is not None:
-            name = name.replace(f"decoder.layers.{local}.", f"decoder.layers.{model.decoder.layers[local].layer_number - 1}.", 1)
+            name = name.replace(
+                f"decoder.layers.{local}.",
+                f"decoder.layers.{model.decoder.layers[local].layer_number - 1}.",
+                1,
+            )
         yield name, param
 
 

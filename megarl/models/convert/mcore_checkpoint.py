@@ -38,7 +38,9 @@ def begin_write(out_dir: str | Path, overwrite: bool = False) -> Path:
     out_dir = Path(out_dir)
     staging = partial_dir(out_dir)
     if out_dir.exists() and not overwrite:  # checked on every rank, so all of them stop together
-        raise CheckpointError(f"{out_dir} already exists; remove it, choose another --out or pass --overwrite")
+        raise CheckpointError(
+            f"{out_dir} already exists; remove it, choose another --out or pass --overwrite"
+        )
     if dist.get_rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "model").mkdir(parents=True)
@@ -63,7 +65,9 @@ def _sharded_state(chunks: list[torch.nn.Module]) -> dict[str, Any]:
     return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
 
 
-def save_model(chunks: list[torch.nn.Module], staging: Path, meta: dict[str, Any], hf_dir: str | Path) -> None:
+def save_model(
+    chunks: list[torch.nn.Module], staging: Path, meta: dict[str, Any], hf_dir: str | Path
+) -> None:
     """Collective: every rank writes its shards; rank 0 writes the metadata and HF files."""
     from megatron.core import dist_checkpointing
 
@@ -78,7 +82,9 @@ def save_model(chunks: list[torch.nn.Module], staging: Path, meta: dict[str, Any
 def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
     ckpt_dir = Path(ckpt_dir)
     if partial_dir(ckpt_dir).exists() and not ckpt_dir.exists():
-        raise CheckpointError(f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists); re-run the conversion")
+        raise CheckpointError(
+            f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists); re-run the conversion"
+        )
     meta_file = ckpt_dir / META_FILE
     if not meta_file.is_file():
         raise CheckpointError(
@@ -89,8 +95,13 @@ def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{meta_file} is corrupt ({e}); re-run the conversion") from None
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{ckpt_dir}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
-    if not (ckpt_dir / "model" / "metadata.json").is_file() or not (ckpt_dir / "hf" / "config.json").is_file():
+        raise CheckpointError(
+            f"{ckpt_dir}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}"
+        )
+    if (
+        not (ckpt_dir / "model" / "metadata.json").is_file()
+        or not (ckpt_dir / "hf" / "config.json").is_file()
+    ):
         raise CheckpointError(f"{ckpt_dir} is incomplete (model/metadata.json or hf/config.json missing)")
     return meta
 

@@ -17,7 +17,9 @@ import torch
 KINDS = ("replicated", "column", "row", "qkv", "gate_up", "vocab")
 
 
-def shard(kind: str, full: torch.Tensor, tp_rank: int, tp: int, padded_rows: int | None = None) -> torch.Tensor:
+def shard(
+    kind: str, full: torch.Tensor, tp_rank: int, tp: int, padded_rows: int | None = None
+) -> torch.Tensor:
     """The TP shard of `full` held by `tp_rank`."""
     if kind == "replicated":
         return full

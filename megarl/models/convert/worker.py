@@ -31,10 +31,17 @@ def hf_to_mcore(args: argparse.Namespace) -> dict:
     layout.initialize()
     dtype = args.dtype or hf_dtype(arch)
     chunks = build_model_chunks(arch, layout, dtype, args.make_vocab_size_divisible_by)
-    loaded = load_hf_into_chunks(chunks, arch, HFCheckpointReader(args.hf), ps.get_tensor_model_parallel_rank(), layout.tp)
+    loaded = load_hf_into_chunks(
+        chunks, arch, HFCheckpointReader(args.hf), ps.get_tensor_model_parallel_rank(), layout.tp
+    )
     padded = chunks[0].vocab_size
     staging = ckpt.begin_write(args.out, overwrite=args.overwrite)
-    meta = {"dtype": dtype, "padded_vocab_size": padded, "saved_layout": layout.describe(), "source": str(args.hf)}
+    meta = {
+        "dtype": dtype,
+        "padded_vocab_size": padded,
+        "saved_layout": layout.describe(),
+        "source": str(args.hf),
+    }
     ckpt.save_model(chunks, staging, meta, args.hf)
     ckpt.finish_write(staging, args.out)
     return {"out": str(args.out), "layout": layout.describe(), "params_loaded_rank0": loaded, "dtype": dtype}

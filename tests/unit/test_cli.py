@@ -1,0 +1,103 @@
+"""`megarl` sub-commands reject bad input with exit code 2 and a message that says what to fix."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megarl.cli import main
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = str(REPO / "configs" / "quickstart_grpo.yaml")
+
+
+@pytest.fixture(scope="module")
+def hf_config_dir(tmp_path_factory):
+    """A config-only HF dir (4 heads, 2 kv heads, 4 layers): enough for every pre-launch check."""
+    d = tmp_path_factory.mktemp("hf")
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 4,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 256,
+        "vocab_size": 1001,
+    }
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_config_show_prints_the_resolved_config(capsys):
+    code, out, _ = run(["config", "show", QUICKSTART, "--no-check-paths", "actor.parallel.tp=2"], capsys)
+    assert code == 0
+    assert "tp: 2" in out and "rollout:" in out
+
+
+def test_config_show_rejects_bad_values_naming_key_and_fix(capsys):
+    code, _, err = run(["config", "show", QUICKSTART, "--no-check-paths", "actor.paralel.tp=2"], capsys)
+    assert code == 2
+    assert "actor.paralel" in err and "did you mean 'actor.parallel'" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tp", "3"], "--tp/--pp.tp=3 does not divide num_attention_heads=4"),
+        (["--pp", "3"], "does not divide num_hidden_layers=4"),
+        (["--tp", "2", "--nproc", "3"], "--nproc 3 is not a multiple of tp*pp=2"),
+        (["--vpp", "2"], "--vpp 2 needs --pp > 1"),
+        (["--sequence-parallel"], "--sequence-parallel needs --tp > 1"),
+    ],
+)
+def test_verify_model_rejects_impossible_layouts_before_launching(hf_config_dir, capsys, argv, message):
+    code, _, err = run(["verify-model", "--hf", str(hf_config_dir), *argv], capsys)
+    assert code == 2
+    assert message in err
+
+
+def test_verify_model_names_a_missing_checkpoint(tmp_path, capsys):
+    code, _, err = run(["verify-model", "--hf", str(tmp_path / "nope")], capsys)
+    assert code == 2 and "no config.json there" in err
+
+
+def test_convert_refuses_to_overwrite_an_existing_output(hf_config_dir, tmp_path, capsys):
+    code, _, err = run(["convert", "hf-to-mcore", "--hf", str(hf_config_dir), "--out", str(tmp_path)], capsys)
+    assert code == 2 and "already exists" in err
+
+
+def test_mcore_to_hf_rejects_a_directory_that_is_not_a_checkpoint(hf_config_dir, tmp_path, capsys):
+    code, _, err = run(
+        ["convert", "mcore-to-hf", "--ckpt", str(hf_config_dir), "--out", str(tmp_path / "o")], capsys
+    )
+    assert code == 2 and "is not a megarl checkpoint" in err and "megarl convert hf-to-mcore" in err
+
+
+def test_mcore_to_hf_names_an_unfinished_conversion(tmp_path, capsys):
+    (tmp_path / "ckpt.partial").mkdir()
+    code, _, err = run(
+        ["convert", "mcore-to-hf", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o")], capsys
+    )
+    assert code == 2 and "was never completed" in err
+
+
+def test_mcore_to_hf_names_corrupt_metadata(tmp_path, capsys):
+    (tmp_path / "megarl_checkpoint.json").write_text("{not json")
+    code, _, err = run(
+        ["convert", "mcore-to-hf", "--ckpt", str(tmp_path), "--out", str(tmp_path / "o")], capsys
+    )
+    assert code == 2 and "is corrupt" in err
+
+
+def test_unsupported_architecture_is_named(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "num_attention_heads": 4}))
+    code, _, err = run(["verify-model", "--hf", str(tmp_path)], capsys)
+    assert code == 2 and "model_type='gpt2' is not supported" in err
