@@ -10,17 +10,17 @@ from megarl.distributed.launch import LaunchResult, run_torchrun
 
 # Larger-than-default init so logits are O(1-10): conversion mistakes then show up far above tolerance.
 PARITY_INIT = {"initializer_range": 0.1}
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny Llama (untied) and Qwen2 (q/k/v bias, tied embeddings), vocab 1001 (not divisible by TP)."""
+    """Tiny Llama (untied), Mistral, Qwen2 (q/k/v bias, tied embeddings) and Qwen3 (q/k norms); vocab 1001
+    (not divisible by TP), head_dim 32, GQA (4 query heads, 2 kv heads), 4 layers."""
     from megarl.models.tiny import build_tiny_hf
 
     root = tmp_path_factory.mktemp("tiny_models")
-    return {
-        family: build_tiny_hf(root / family, family=family, **PARITY_INIT) for family in ("llama", "qwen2")
-    }
+    return {family: build_tiny_hf(root / family, family=family, **PARITY_INIT) for family in FAMILIES}
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,7 @@ class ParallelLayout:
 
     def initialize(self, seed: int = 1234) -> None:
         """Create megatron's process groups for this layout (torch.distributed must be up)."""
+        import torch
         import torch.distributed as dist
         from megatron.core import parallel_state, tensor_parallel
 
@@ -100,20 +101,39 @@ class ParallelLayout:
                 f"layout {self.describe()} is for world_size={self.world_size}, "
                 f"but torch.distributed has {dist.get_world_size()} ranks"
             )
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
+        ParallelLayout.destroy()
+        _groups_before_megatron[:] = list(_process_groups())
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=self.tp,
             pipeline_model_parallel_size=self.pp,
             virtual_pipeline_model_parallel_size=self.vpp,
             context_parallel_size=self.cp,
             expert_model_parallel_size=self.ep,
+            # Gloo twins of every group are for CPU-side collectives next to NCCL; on CPU the groups
+            # already are gloo, and each twin costs threads and sockets.
+            create_gloo_process_groups=torch.cuda.is_available(),
         )
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
 
     @staticmethod
     def destroy() -> None:
+        """Tear down megatron's groups, and the torch process groups behind them (each holds threads
+        and sockets: re-initialising layouts in one process otherwise slows down step by step)."""
+        import torch.distributed as dist
         from megatron.core import parallel_state
 
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
+        if _groups_before_megatron:
+            for group in set(_process_groups()) - set(_groups_before_megatron):
+                dist.destroy_process_group(group)
+            _groups_before_megatron.clear()
+
+
+_groups_before_megatron: list = []
+
+
+def _process_groups() -> list:
+    from torch.distributed import distributed_c10d
+
+    return list(distributed_c10d._world.pg_map)

@@ -23,6 +23,7 @@ from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
+from megarl.models.ddp import wrap_ddp, zero_grads
 from megarl.models.forward import gather_logits, grad_norm, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
 
@@ -82,7 +83,10 @@ def check_layout(
     if last_stage:
         logit_diff = (torch.cat([o["logits"] for o in outs]) - ref["logits"]).abs().max()
 
-    # Forward + backward: the batch split over DP ranks, one sequence per micro-batch.
+    # Forward + backward: the batch split over DP ranks, one sequence per micro-batch; megatron's DDP
+    # averages over DP and finalizes tied-embedding, sequence-parallel and q/k-norm gradients.
+    chunks = wrap_ddp(chunks)
+    zero_grads(chunks)
     dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
     mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
     microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
@@ -90,21 +94,11 @@ def check_layout(
 
     def token_mean_loss(mb, logits):
         token_loss_sum = -vocab_parallel_log_probs(logits, mb["labels"], arch.vocab_size).sum()
-        # The schedule divides by the micro-batch count; scale so the sum over ranks is the token mean.
-        return token_loss_sum * len(microbatches) / total_tokens, {"loss_sum": token_loss_sum.detach()}
+        # The schedule divides by the micro-batch count and DDP averages over DP: undo both, so the
+        # gradient is that of the token mean over the whole batch.
+        return token_loss_sum * len(microbatches) * dp / total_tokens, {"loss_sum": token_loss_sum.detach()}
 
-    for chunk in chunks:
-        chunk.zero_grad(set_to_none=True)
     outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
-    for chunk in chunks:
-        for param in chunk.parameters():
-            if param.grad is None:
-                continue
-            dist.all_reduce(param.grad, group=ps.get_data_parallel_group())
-            if getattr(param, "sequence_parallel", False):  # norms see only their sequence shard
-                dist.all_reduce(param.grad, group=ps.get_tensor_model_parallel_group())
-            if getattr(param, "shared_embedding", False) and layout.pp > 1:
-                dist.all_reduce(param.grad, group=ps.get_embedding_group())
     loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)
     dist.all_reduce(loss, group=ps.get_data_parallel_group())
     norm = grad_norm(chunks)

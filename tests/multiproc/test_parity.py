@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from tests.conftest import FAMILIES
+
 pytestmark = pytest.mark.multiproc
 
 LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
@@ -15,29 +17,35 @@ def parity(tiny_models, torchrun):
     return torchrun("megarl.models.verify", args, nproc=4).results
 
 
+def rows_of(parity, family):
+    rows = [r for r in parity if r["family"] == family]
+    assert len(rows) == len(LAYOUTS), f"{family}: {len(rows)} results for {len(LAYOUTS)} layouts"
+    return rows
+
+
 def test_every_layout_of_every_family_was_checked(parity):
     checked = {(r["family"], re.sub(r"xdp\d+", "", r["layout"]).replace("x", "")) for r in parity}
-    assert checked == {(family, layout) for family in ("llama", "qwen2") for layout in LAYOUTS}
+    assert checked == {(family, layout) for family in FAMILIES for layout in LAYOUTS}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_hf_fp32_within_5e5(parity, family):
-    for r in (r for r in parity if r["family"] == family):
+    for r in rows_of(parity, family):
         assert r["hf_logits_abs_max"] > 1.0, "logits too small for the comparison to mean anything"
         assert r["max_abs_logit_diff"] <= 5e-5, r
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_loss_and_gradients_match_hf_at_every_layout(parity, family):
-    for r in (r for r in parity if r["family"] == family):
+    for r in rows_of(parity, family):
         assert r["loss_abs_diff"] <= 5e-6, r
         assert r["max_abs_grad_diff"] <= 5e-5, r
         assert r["grad_norm_rel_diff"] <= 1e-5, r
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_loss_and_grad_norm_identical_across_layouts(parity, family):
-    rows = [r for r in parity if r["family"] == family]
+    rows = rows_of(parity, family)
     losses = [r["loss"] for r in rows]
     norms = [r["grad_norm"] for r in rows]
     assert max(losses) - min(losses) <= 5e-6

@@ -67,7 +67,7 @@ def full_megatron_tensors(
             if getattr(param, "shared", False):
                 continue  # the last stage's copy of tied embeddings
             entry, _ = llama.param_map(name, arch)
-            local = (param.grad if grads else param).detach()
+            local = (getattr(param, "main_grad", param.grad) if grads else param).detach()
             shards = [local]
             if tp > 1 and entry.kind != "replicated":
                 shards = [torch.empty_like(local) for _ in range(tp)]
