@@ -24,6 +24,15 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Llama and Qwen2 reward models (*ForSequenceClassification, one label: `score.weight`)."""
+    from megarl.models.tiny import build_tiny_hf
+
+    root = tmp_path_factory.mktemp("tiny_reward_models")
+    return {f: build_tiny_hf(root / f, family=f, scalar_head=True, **PARITY_INIT) for f in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="session")
 def torchrun():
     """torchrun(module, args, nproc) -> LaunchResult; fails the test with the ranks' errors if it crashed."""
 

@@ -7,6 +7,7 @@ import torch
 from megarl.config.schema import padded_vocab_size
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.from_hf import ModelArchitecture
+from megarl.models.heads import attach_scalar_head
 
 
 def transformer_engine_available() -> bool:
@@ -55,5 +56,7 @@ def build_model_chunks(
             vp_stage=stage,
             **arch.gpt_model_kwargs(vocab),
         )
+        if arch.head == "scalar" and model.post_process:
+            attach_scalar_head(model)
         chunks.append(model.to(dtype=config.params_dtype))
     return chunks

@@ -5,6 +5,7 @@ Family differences (Llama, Mistral, Qwen2, Qwen3) are data in `FAMILIES`, not br
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ class ModelArchitecture:
     qkv_bias: bool
     qk_norm: bool
     hf_config: dict[str, Any]
+    head: str = "lm"  # "lm": vocabulary logits; "scalar": one value per token (critic / reward model)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArchitecture:
@@ -92,6 +94,12 @@ class ModelArchitecture:
         elif rope_type not in ("default", "linear"):
             raise UnsupportedModelError(f"rope_type={rope_type!r} is not supported (default, linear, llama3)")
         heads = cfg["num_attention_heads"]
+        architecture = (cfg.get("architectures") or [""])[0]
+        scalar = architecture.endswith(("ForSequenceClassification", "ForTokenClassification"))
+        if scalar and len(cfg.get("id2label") or {0: 0}) != 1:
+            raise UnsupportedModelError(
+                f"{architecture} with {len(cfg['id2label'])} labels: only 1 (a scalar score)"
+            )
         qkv_bias = cfg.get(family.qkv_bias_key, False) if family.qkv_bias_key else family.qkv_bias_default
         return cls(
             family=model_type,
@@ -111,6 +119,7 @@ class ModelArchitecture:
             qkv_bias=bool(qkv_bias),
             qk_norm=family.qk_norm,
             hf_config=cfg,
+            head="scalar" if scalar else "lm",
         )
 
     @classmethod
@@ -121,6 +130,10 @@ class ModelArchitecture:
                 f"{config_file} not found: is {path} a Hugging Face checkpoint directory?"
             )
         return cls.from_hf_config(json.loads(config_file.read_text()))
+
+    def with_scalar_head(self) -> ModelArchitecture:
+        """The same backbone with a value head instead of the LM head (critic from a policy checkpoint)."""
+        return dataclasses.replace(self, head="scalar")
 
     def transformer_config(self, layout: ParallelLayout, dtype: str = "fp32"):
         """The megatron TransformerConfig for this architecture under `layout`."""
@@ -174,7 +187,7 @@ class ModelArchitecture:
         return dict(
             vocab_size=padded_vocab,
             max_sequence_length=self.max_position_embeddings,
-            share_embeddings_and_output_weights=self.tie_embeddings,
+            share_embeddings_and_output_weights=self.tie_embeddings and self.head == "lm",
             position_embedding_type="rope",
             rotary_base=int(self.rope_theta),
             rope_scaling=self.rope_type == "llama3",

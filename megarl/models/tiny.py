@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     LlamaConfig,
     MistralConfig,
     PretrainedConfig,
@@ -150,12 +151,17 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
             param.copy_(0.1 * torch.randn(param.shape, generator=gen))
 
 
-def build_tiny_hf(out_dir: str | Path, family: str = "llama", seed: int = 0, **overrides: Any) -> Path:
+def build_tiny_hf(
+    out_dir: str | Path, family: str = "llama", seed: int = 0, scalar_head: bool = False, **overrides: Any
+) -> Path:
     """Write a random-weight tiny ``family`` model plus its tokenizer to ``out_dir`` (HF layout, safetensors).
 
     ``overrides`` are HF config fields (e.g. ``num_hidden_layers=2``). Same arguments give identical tensors.
+    ``scalar_head=True`` builds a reward/value model (``*ForSequenceClassification``, one label).
     """
     out = Path(out_dir)
+    if scalar_head:
+        overrides = {"num_labels": 1, **overrides}
     config = tiny_config(family, **overrides)
     tokenizer = build_tokenizer(config.vocab_size)
     tokenizer.model_max_length = config.max_position_embeddings
@@ -164,11 +170,13 @@ def build_tiny_hf(out_dir: str | Path, family: str = "llama", seed: int = 0, **o
     config.eos_token_id = tokenizer.eos_token_id
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model_cls = AutoModelForSequenceClassification if scalar_head else AutoModelForCausalLM
+    model = model_cls.from_config(config, dtype=torch.float32)
     _perturb(model, seed)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.bos_token_id = tokenizer.bos_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

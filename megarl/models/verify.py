@@ -47,18 +47,28 @@ def make_batch(vocab_size: int, batch: int, seq: int, seed: int) -> torch.Tensor
     return torch.randint(0, vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
 
 
-def hf_reference(hf_dir: str, tokens: torch.Tensor) -> dict:
-    """Logits, token-mean loss and grad norm of the transformers model in fp32."""
-    from transformers import AutoModelForCausalLM
+def hf_reference(hf_dir: str, arch: ModelArchitecture, tokens: torch.Tensor) -> dict:
+    """The transformers model in fp32: outputs (vocabulary logits, or per-token scores of a scalar head),
+    the objective (token-mean cross entropy, or mean score), and its gradients."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
-    model.train()
-    logits = model(input_ids=tokens[:, :-1]).logits
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-    loss.backward()
+    if arch.head == "scalar":
+        model = AutoModelForSequenceClassification.from_pretrained(hf_dir, dtype=torch.float32)
+        # HF pools the last token; megarl's head scores every token, so apply `score` to all of them.
+        outputs = model.score(model.model(input_ids=tokens[:, :-1]).last_hidden_state)
+        objective = outputs.mean()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        outputs = model(input_ids=tokens[:, :-1]).logits
+        objective = torch.nn.functional.cross_entropy(outputs.flatten(0, 1), tokens[:, 1:].flatten())
+    objective.backward()
     norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in model.parameters() if p.grad is not None))
     grads = {name: p.grad for name, p in model.named_parameters()}
-    return {"logits": logits.detach(), "loss": loss.item(), "grad_norm": norm.item(), "grads": grads}
+    return {"logits": outputs.detach(), "loss": objective.item(), "grad_norm": norm.item(), "grads": grads}
+
+
+def _full_output(out: torch.Tensor, arch: ModelArchitecture) -> torch.Tensor:
+    return out if arch.head == "scalar" else gather_logits(out, arch.vocab_size)
 
 
 def check_layout(
@@ -76,7 +86,7 @@ def check_layout(
     outs = run_microbatches(
         chunks,
         [{"input_ids": inputs[i : i + 1]} for i in range(len(inputs))],
-        lambda mb, logits: (logits.sum() * 0, {"logits": gather_logits(logits, arch.vocab_size).detach()}),
+        lambda mb, out: (out.sum() * 0, {"logits": _full_output(out, arch).detach()}),
         forward_only=True,
     )
     logit_diff = torch.zeros(())
@@ -92,8 +102,11 @@ def check_layout(
     microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
     total_tokens = labels.numel()
 
-    def token_mean_loss(mb, logits):
-        token_loss_sum = -vocab_parallel_log_probs(logits, mb["labels"], arch.vocab_size).sum()
+    def token_mean_loss(mb, out):
+        if arch.head == "scalar":
+            token_loss_sum = out.float().sum()
+        else:
+            token_loss_sum = -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum()
         # The schedule divides by the micro-batch count and DDP averages over DP: undo both, so the
         # gradient is that of the token mean over the whole batch.
         return token_loss_sum * len(microbatches) * dp / total_tokens, {"loss_sum": token_loss_sum.detach()}
@@ -106,20 +119,25 @@ def check_layout(
     grad_diff = max((g - ref["grads"][name]).abs().max() for name, g in hf_grads)
 
     # Only last-stage ranks hold logits and loss: a max over the world spreads them.
-    stats = torch.stack([logit_diff.float(), loss.float(), grad_diff.float()])
+    stats = torch.stack([logit_diff.float(), grad_diff.float()])
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    # The loss may be negative (a mean score), so no max: exactly one last-stage rank contributes.
+    if not (last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0):
+        loss.zero_()
+    dist.all_reduce(loss)
     layout.destroy()
     return {
         "layout": layout.describe(),
         "max_abs_logit_diff": stats[0].item(),
-        "loss": stats[1].item(),
+        "loss": loss.item(),
+        "head": arch.head,
         "hf_logits_abs_max": ref["logits"].abs().max().item(),
         "hf_loss": ref["loss"],
-        "loss_abs_diff": abs(stats[1].item() - ref["loss"]),
+        "loss_abs_diff": abs(loss.item() - ref["loss"]),
         "grad_norm": norm,
         "hf_grad_norm": ref["grad_norm"],
         "grad_norm_rel_diff": abs(norm - ref["grad_norm"]) / ref["grad_norm"],
-        "max_abs_grad_diff": stats[2].item(),
+        "max_abs_grad_diff": stats[1].item(),
     }
 
 
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         arch = ModelArchitecture.from_pretrained(hf_dir)
         reader = HFCheckpointReader(hf_dir)
         tokens = make_batch(arch.vocab_size, args.batch, args.seq, args.seed)
-        ref = hf_reference(hf_dir, tokens)
+        ref = hf_reference(hf_dir, arch, tokens)
         for text in args.layouts.split(","):
             start = time.perf_counter()
             result = check_layout(parse_layout(text, env.world_size), arch, reader, tokens, ref)

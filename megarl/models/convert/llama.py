@@ -52,6 +52,9 @@ PARAMS: dict[str, ParamMap] = {
     "decoder.layers.{i}.mlp.linear_fc2.weight": ParamMap((_L + "mlp.down_proj.weight",), "row"),
 }
 
+# Critic / reward models: megarl's ScalarHead sits where the LM head was.
+SCALAR_HEAD = ParamMap(("score.weight",), "replicated")
+
 # Transformer Engine fuses the norms into the following linear layer.
 TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -75,6 +78,8 @@ def param_map(name: str, arch: ModelArchitecture) -> tuple[ParamMap, list[str]]:
     template, layer = split_layer_name(name)
     if template not in PARAMS:
         raise KeyError(f"no HF mapping for megatron parameter {name!r}")
+    if template == "output_layer.weight" and arch.head == "scalar":
+        return SCALAR_HEAD, list(SCALAR_HEAD.hf)
     entry = PARAMS[template]
     hf_names = [h.format(i=layer) for h in entry.hf]
     if template == "output_layer.weight" and arch.tie_embeddings:
@@ -125,6 +130,6 @@ def megatron_names(arch: ModelArchitecture) -> list[str]:
                 continue
             names.append(template.format(i=i))
     names.append("decoder.final_layernorm.weight")
-    if not arch.tie_embeddings:
+    if not arch.tie_embeddings or arch.head == "scalar":
         names.append("output_layer.weight")
     return names

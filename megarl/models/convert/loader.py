@@ -35,12 +35,18 @@ def global_named_parameters(chunk: torch.nn.Module) -> Iterator[tuple[str, torch
 def load_hf_into_chunks(
     chunks: list[torch.nn.Module], arch: ModelArchitecture, reader: HFCheckpointReader, tp_rank: int, tp: int
 ) -> int:
-    """Copy HF tensors into every parameter of `chunks` (streaming); returns the count loaded."""
+    """Copy HF tensors into every parameter of `chunks` (streaming); returns the count loaded.
+
+    A scalar head missing from the checkpoint (a critic started from a policy LM) keeps its init.
+    """
     loaded = 0
+    available = set(reader.names())
     with torch.no_grad():
         for chunk in chunks:
             for name, param in global_named_parameters(chunk):
                 entry, hf_names = llama.param_map(name, arch)
+                if entry is llama.SCALAR_HEAD and not available.issuperset(hf_names):
+                    continue
                 full = llama.merge(entry, [reader.get(n) for n in hf_names], arch)
                 local = shard(entry.kind, full, tp_rank, tp, padded_rows=param.shape[0] * tp)
                 if local.shape != param.shape:
@@ -81,6 +87,6 @@ def to_hf_tensors(
     """Full megatron tensors -> HF (name, tensor) pairs."""
     for name, full in megatron_tensors:
         entry, hf_names = llama.param_map(name, arch)
-        if name == "output_layer.weight" and arch.tie_embeddings:
+        if name == "output_layer.weight" and arch.tie_embeddings and arch.head == "lm":
             continue
         yield from zip(hf_names, llama.split(entry, full, arch))

@@ -87,3 +87,23 @@ def test_rope_settings_are_read_from_transformers5_rope_parameters():
         ]
         == 2.0
     )
+
+
+def test_sequence_classification_checkpoints_get_a_scalar_head_named_score():
+    a = arch(
+        architectures=["LlamaForSequenceClassification"], id2label={0: "LABEL_0"}, tie_word_embeddings=True
+    )
+    assert a.head == "scalar"
+    assert not a.gpt_model_kwargs(1024)["share_embeddings_and_output_weights"]
+    entry, hf = llama.param_map("output_layer.weight", a)
+    assert hf == ["score.weight"] and entry.kind == "replicated"
+    assert "output_layer.weight" in llama.megatron_names(a)
+
+
+def test_a_policy_checkpoint_can_become_a_critic():
+    assert arch().with_scalar_head().head == "scalar"
+
+
+def test_multi_label_classifiers_are_rejected():
+    with pytest.raises(UnsupportedModelError, match="only 1"):
+        arch(architectures=["LlamaForSequenceClassification"], id2label={0: "a", 1: "b"})
