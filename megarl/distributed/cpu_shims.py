@@ -100,6 +100,9 @@ def _remove_rng() -> None:
 
 
 # --- cuda_literal: schedules, optimizer and default masks write device="cuda" literally ------------
+# A mode sees every torch call: it costs ~15-25% of a tiny model's CPU forward+backward. Wrapping just
+# the torch.* factories instead was cheaper but made transformers load wrong weights (seen: HF loss 7.33
+# instead of 7.52 once the factories were wrapped before the first from_pretrained), so: a mode.
 
 
 def _is_cuda(device: object) -> bool:

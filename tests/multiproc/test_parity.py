@@ -71,3 +71,32 @@ def test_scalar_head_scores_and_gradients_match_hf(scalar_parity, family):
         assert r["loss_abs_diff"] <= 5e-6, r
         assert r["max_abs_grad_diff"] <= 5e-5, r
         assert r["grad_norm_rel_diff"] <= 1e-5, r
+
+
+ROPE_SCALING = {
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 5e5,
+    },
+    "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+}
+
+
+def test_rope_scaling_matches_hf(tmp_path, torchrun):
+    from megarl.models.tiny import build_tiny_hf
+
+    paths = [
+        build_tiny_hf(
+            tmp_path / name, initializer_range=0.1, max_position_embeddings=16384, rope_parameters=rope
+        )
+        for name, rope in ROPE_SCALING.items()
+    ]
+    args = [a for p in paths for a in ("--hf", p)] + ["--layouts", "tp2pp1", "--seq", "64"]
+    results = torchrun("megarl.models.verify", args, nproc=2).results
+    assert len(results) == 2
+    for r in results:
+        assert r["max_abs_logit_diff"] <= 5e-5 and r["loss_abs_diff"] <= 5e-6, r
