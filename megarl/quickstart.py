@@ -38,7 +38,11 @@ def run_quickstart(out: Path) -> int:
     shutil.rmtree(out, ignore_errors=True)
     summary: dict = {"checks": []}
     start = _step(1, f"building tiny llama and qwen2 checkpoints under {out}/models")
-    models = {family: build_tiny_hf(out / "models" / family, family=family) for family in ("llama", "qwen2")}
+    # initializer_range 0.1 (not HF's 0.02) gives logits of magnitude ~5, so the comparison means something.
+    models = {
+        family: build_tiny_hf(out / "models" / family, family=family, initializer_range=0.1)
+        for family in ("llama", "qwen2")
+    }
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     start = _step(2, f"megatron vs transformers at {LAYOUTS} on 4 ranks (gloo, fp32)")
@@ -49,7 +53,8 @@ def run_quickstart(out: Path) -> int:
         return 1
     for r in verify.results:
         print(
-            f"      {r['family']:6s} {r['layout']:14s} max|Δlogits| {r['max_abs_logit_diff']:.1e}  "
+            f"      {r['family']:6s} {r['layout']:14s} max|Δlogits| {r['max_abs_logit_diff']:.1e} "
+            f"(of max|logits| {r['hf_logits_abs_max']:.1f})  "
             f"|Δloss| {r['loss_abs_diff']:.1e}  max|Δgrad| {r['max_abs_grad_diff']:.1e}  "
             f"{'OK' if r['passed'] else 'FAILED'}"
         )
