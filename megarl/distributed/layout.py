@@ -114,6 +114,12 @@ class ParallelLayout:
             create_gloo_process_groups=torch.cuda.is_available(),
         )
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+        _active[:] = [self]
+
+    @staticmethod
+    def active() -> ParallelLayout | None:
+        """The layout megatron's parallel state was last initialised with in this process, if any."""
+        return _active[0] if _active else None
 
     @staticmethod
     def destroy() -> None:
@@ -124,6 +130,7 @@ class ParallelLayout:
 
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
+        _active.clear()
         if _groups_before_megatron:
             for group in set(_process_groups()) - set(_groups_before_megatron):
                 dist.destroy_process_group(group)
@@ -131,6 +138,7 @@ class ParallelLayout:
 
 
 _groups_before_megatron: list = []
+_active: list[ParallelLayout] = []
 
 
 def _process_groups() -> list:

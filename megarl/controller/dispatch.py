@@ -1,0 +1,121 @@
+"""Dispatch modes: how a driver call is split across a worker group's ranks and how results return.
+
+Pure functions of the call arguments and each rank's `RankInfo`; both backends (Ray and SPMD) use them.
+
+  ONE_TO_ALL   every rank gets the same arguments; results from every rank (a list)
+  ALL_TO_ALL   argument i (a list of world_size items) goes to rank i; results from every rank
+  RANK_ZERO    only rank 0 runs; its result
+  DP_COMPUTE   Batch arguments are split by data-parallel rank (padded to a multiple of dp_size),
+               replicated to the TP/PP/CP peers of each replica; results are taken from each
+               replica's collecting rank, concatenated in DP order, padding removed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Dispatch(StrEnum):
+    ONE_TO_ALL = "one_to_all"
+    ALL_TO_ALL = "all_to_all"
+    RANK_ZERO = "rank_zero"
+    DP_COMPUTE = "dp_compute"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    dp_rank: int
+    dp_size: int
+    collect: bool  # TP rank 0 and CP rank 0 on the last PP stage: this rank's output is the replica's
+
+
+def register(mode: Dispatch) -> Callable:
+    """Mark a worker method as callable from the driver with `mode`."""
+
+    def mark(fn: Callable) -> Callable:
+        fn._megarl_dispatch = Dispatch(mode)
+        return fn
+
+    return mark
+
+
+def dispatch_mode_of(fn: Callable) -> Dispatch | None:
+    return getattr(fn, "_megarl_dispatch", None)
+
+
+def _is_batch(value: Any) -> bool:
+    return all(hasattr(value, attr) for attr in ("chunk", "pad_to_multiple", "unpad")) and hasattr(
+        type(value), "concat"
+    )
+
+
+def _check_ranks(ranks: list[RankInfo]) -> int:
+    dp_size = ranks[0].dp_size
+    collectors = sorted(r.dp_rank for r in ranks if r.collect)
+    if collectors != list(range(dp_size)):
+        raise ValueError(
+            f"need exactly one collecting rank per DP replica (dp_size={dp_size}); got {collectors}"
+        )
+    return dp_size
+
+
+def split(
+    mode: Dispatch, args: tuple, kwargs: dict, ranks: list[RankInfo]
+) -> tuple[list[tuple[tuple, dict]], Any]:
+    """Per-rank (args, kwargs) for `mode`, plus the context `collect` needs."""
+    world = len(ranks)
+    if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
+        return [(args, kwargs)] * world, None
+    if mode == Dispatch.ALL_TO_ALL:
+        for value in (*args, *kwargs.values()):
+            if not isinstance(value, list | tuple) or len(value) != world:
+                raise ValueError(
+                    f"all_to_all needs every argument to be a list of {world} items (one per rank)"
+                )
+        return [(tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}) for r in range(world)], None
+    if mode == Dispatch.DP_COMPUTE:
+        dp_size = _check_ranks(ranks)
+        pad, parts_args, parts_kwargs = 0, [], {}
+        for value in args:
+            pad, parts = _split_by_dp(value, dp_size, pad)
+            parts_args.append(parts)
+        for key, value in kwargs.items():
+            pad, parts_kwargs[key] = _split_by_dp(value, dp_size, pad)
+        calls = [
+            (tuple(p[r.dp_rank] for p in parts_args), {k: p[r.dp_rank] for k, p in parts_kwargs.items()})
+            for r in ranks
+        ]
+        return calls, pad
+    raise ValueError(f"unknown dispatch mode {mode!r}")
+
+
+def _split_by_dp(value: Any, dp_size: int, pad: int) -> tuple[int, list]:
+    """Batches are padded and chunked; any other value is replicated to every replica."""
+    if not _is_batch(value):
+        return pad, [value] * dp_size
+    padded, this_pad = value.pad_to_multiple(dp_size)
+    if pad and this_pad != pad:
+        raise ValueError("dp_compute arguments that are Batches must all have the same length")
+    return this_pad, padded.chunk(dp_size)
+
+
+def collect(mode: Dispatch, outputs: list, ranks: list[RankInfo], context: Any) -> Any:
+    """The driver-side result of one call from every rank's output."""
+    if mode in (Dispatch.ONE_TO_ALL, Dispatch.ALL_TO_ALL):
+        return outputs
+    if mode == Dispatch.RANK_ZERO:
+        return outputs[0]
+    if mode == Dispatch.DP_COMPUTE:
+        per_replica = sorted(
+            ((r.dp_rank, out) for r, out in zip(ranks, outputs) if r.collect), key=lambda x: x[0]
+        )
+        parts = [out for _, out in per_replica]
+        if not parts or not _is_batch(parts[0]):
+            return parts
+        merged = type(parts[0]).concat(parts)
+        return merged.unpad(context) if context else merged
+    raise ValueError(f"unknown dispatch mode {mode!r}")

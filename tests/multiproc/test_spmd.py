@@ -1,0 +1,44 @@
+"""The worker-group interface under torchrun (SPMD backend): the same checks as the Ray tests."""
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture(scope="module")
+def spmd(torchrun):
+    return torchrun("tests.multiproc.spmd_checks", [], nproc=4).results[0]
+
+
+@pytest.mark.parametrize("layout", ["tp2dp2", "pp2dp2"])
+def test_ranks_report_their_layout_coordinates(spmd, layout):
+    assert spmd[f"{layout}_coordinates_ok"]
+
+
+@pytest.mark.parametrize("layout", ["tp2dp2", "pp2dp2"])
+def test_dp_compute_splits_by_replica_and_collects_in_order(spmd, layout):
+    out = spmd[f"{layout}_dp_compute"]
+    assert out["y"] == [2 * i for i in range(10)]
+    assert out["dp_rank"] == [0] * 5 + [1] * 5
+
+
+def test_dp_compute_pads_uneven_batches_and_drops_the_padding(spmd):
+    out = spmd["dp4_dp_compute"]
+    assert out["y"] == [2 * i for i in range(10)]
+    assert out["dp_rank"] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+
+
+def test_rank_zero_and_all_to_all(spmd):
+    assert spmd["rank_zero"] == 0
+    assert spmd["all_to_all"] == [10, 21, 32, 43]
+
+
+def test_colocated_roles_share_the_process(spmd):
+    assert spmd["colocated_same_pid"]
+    assert spmd["colocated_ref_works"] == [0, 2, 4, 6]
+
+
+def test_a_failing_rank_raises_on_every_rank_naming_it(spmd):
+    assert (
+        "echo" not in spmd["failure"] and "flat.fail_on failed on 1 rank(s); first: rank 1" in spmd["failure"]
+    )

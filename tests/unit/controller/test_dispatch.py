@@ -1,0 +1,81 @@
+"""Dispatch modes as pure functions: split per rank, collect per replica, padding undone."""
+
+import pytest
+import torch
+
+from megarl.controller.dispatch import Dispatch, RankInfo, collect, dispatch_mode_of, register, split
+from megarl.distributed.layout import ParallelLayout
+from megarl.protocol import Batch
+
+pytestmark = pytest.mark.unit
+
+
+def ranks_of(layout: ParallelLayout) -> list[RankInfo]:
+    infos = []
+    for r in range(layout.world_size):
+        c = layout.coordinates(r)
+        infos.append(RankInfo(r, c.dp, layout.dp, collect=c.pp == layout.pp - 1 and c.tp == 0 and c.cp == 0))
+    return infos
+
+
+def run(mode, ranks, *args, **kwargs):
+    """What a worker group does: split, let each rank 'compute' (tag rows with its rank), collect."""
+    calls, context = split(mode, args, kwargs, ranks)
+    outputs = []
+    for info, (a, _) in zip(ranks, calls):
+        b = a[0]
+        outputs.append(Batch(tensors={"x": b["x"], "rank": torch.full((len(b),), info.rank)}))
+    return calls, collect(mode, outputs, ranks, context)
+
+
+@pytest.mark.parametrize(
+    "sizes, collectors",
+    [({"tp": 2}, [0, 2]), ({"pp": 2}, [2, 3]), ({"tp": 2, "pp": 2}, [4, 6])],
+)
+def test_dp_compute_replicates_to_peers_and_collects_from_last_stage_tp0(sizes, collectors):
+    ranks = ranks_of(ParallelLayout(world_size=8 if len(sizes) == 2 else 4, **sizes))
+    batch = Batch(tensors={"x": torch.arange(10)})
+    calls, out = run(Dispatch.DP_COMPUTE, ranks, batch)
+    assert out["x"].tolist() == list(range(10))
+    assert sorted(set(out["rank"].tolist())) == collectors
+    for info, (args, _) in zip(ranks, calls):  # TP/PP peers of one replica get the same rows
+        peers = [a for i, (a, _) in zip(ranks, calls) if i.dp_rank == info.dp_rank]
+        assert all(torch.equal(p[0]["x"], args[0]["x"]) for p in peers)
+
+
+def test_dp_compute_pads_then_removes_padding():
+    ranks = ranks_of(ParallelLayout(world_size=4))
+    calls, out = run(Dispatch.DP_COMPUTE, ranks, Batch(tensors={"x": torch.arange(10)}))
+    assert [len(a[0]) for a, _ in calls] == [3, 3, 3, 3]
+    assert out["x"].tolist() == list(range(10)) and out["rank"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+
+
+def test_dp_compute_replicates_non_batch_arguments():
+    ranks = ranks_of(ParallelLayout(world_size=2))
+    calls, _ = split(Dispatch.DP_COMPUTE, (Batch(tensors={"x": torch.arange(4)}), 0.5), {"step": 3}, ranks)
+    assert all(a[1] == 0.5 and k == {"step": 3} for a, k in calls)
+
+
+def test_one_to_all_rank_zero_all_to_all():
+    ranks = ranks_of(ParallelLayout(world_size=3))
+    calls, _ = split(Dispatch.ONE_TO_ALL, (7,), {}, ranks)
+    assert [a for a, _ in calls] == [(7,)] * 3
+    assert collect(Dispatch.RANK_ZERO, ["a", "b", "c"], ranks, None) == "a"
+    calls, _ = split(Dispatch.ALL_TO_ALL, ([1, 2, 3],), {}, ranks)
+    assert [a for a, _ in calls] == [(1,), (2,), (3,)]
+    with pytest.raises(ValueError, match="list of 3 items"):
+        split(Dispatch.ALL_TO_ALL, ([1, 2],), {}, ranks)
+
+
+def test_inconsistent_rank_infos_are_rejected():
+    bad = [RankInfo(0, 0, 2, True), RankInfo(1, 1, 2, False)]
+    with pytest.raises(ValueError, match="one collecting rank per DP replica"):
+        split(Dispatch.DP_COMPUTE, (Batch(tensors={"x": torch.arange(4)}),), {}, bad)
+
+
+def test_register_marks_methods():
+    @register(Dispatch.DP_COMPUTE)
+    def f(self, batch):
+        return batch
+
+    assert dispatch_mode_of(f) is Dispatch.DP_COMPUTE and dispatch_mode_of(lambda: 0) is None
