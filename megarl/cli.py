@@ -132,6 +132,12 @@ def cmd_verify_model(args: argparse.Namespace) -> int:
     return 0 if outcome["results"] and all(r["passed"] for r in outcome["results"]) else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from megarl.bench import dispatch
+
+    return dispatch.main(["--out", args.out, "--repeats", str(args.repeats)])
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from megarl.quickstart import run_quickstart
 
@@ -188,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--tolerance", type=float, default=5e-5, help="max |Δlogits| allowed (fp32)")
     verify.add_argument("--json", action="store_true", help="print one JSON line per layout")
     verify.set_defaults(func=cmd_verify_model)
+
+    bench = sub.add_parser("bench", help="benchmarks that write JSON").add_subparsers(
+        dest="what", required=True
+    )
+    bench_dispatch = bench.add_parser("dispatch", help="driver->group round trip, Ray vs SPMD")
+    bench_dispatch.add_argument("--out", default="outputs/bench/dispatch.json")
+    bench_dispatch.add_argument("--repeats", type=int, default=5)
+    bench_dispatch.set_defaults(func=cmd_bench)
 
     quick = sub.add_parser("quickstart", help="build, convert, round-trip and verify a tiny model")
     quick.add_argument("--out", default="outputs/quickstart")

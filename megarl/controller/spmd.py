@@ -2,7 +2,7 @@
 
 `SPMDWorkerGroup(worker_cls, ...)` builds the worker in this process; `group.method(...)` splits the
 call exactly as the Ray group does, runs this rank's share, and all-gathers the outputs so every rank
-returns the same collected result. A failure on any rank raises `SPMDWorkerError` on every rank.
+returns the same collected result. A failure on any rank raises `WorkerError` on every rank.
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ from typing import Any
 import torch.distributed as dist
 
 from megarl.controller.dispatch import collect, dispatch_mode_of, split
-from megarl.controller.worker import RemoteError
-
-
-class SPMDWorkerError(RuntimeError):
-    """A dispatched call failed on at least one rank; names the role and the first failing rank."""
+from megarl.controller.worker import RemoteError, WorkerError
 
 
 class SPMDWorkerGroup:
@@ -48,9 +44,13 @@ class SPMDWorkerGroup:
             failed = [o[1] for o in outcomes if o[0] == "error"]
             if failed:
                 first = failed[0]
-                raise SPMDWorkerError(
+                raise WorkerError(
                     f"{self.role}.{name} failed on {len(failed)} rank(s); first: rank {first.rank} on "
-                    f"{first.host} (pid {first.pid}): {first.error}\n{first.trace}"
+                    f"{first.host} (pid {first.pid}): {first.error}\n{first.trace}",
+                    self.role,
+                    first.rank,
+                    first.host,
+                    first.pid,
                 )
             return collect(mode, [o[1] for o in outcomes], self.ranks, context)
 

@@ -30,6 +30,14 @@ class RemoteError(RuntimeError):
         return RemoteError, (self.rank, self.host, self.pid, self.error, self.trace)
 
 
+class WorkerError(RuntimeError):
+    """A dispatched call (or the start of a group) failed or hung on some rank; raised in the driver."""
+
+    def __init__(self, message: str, role: str, rank: int | None = None, host: str = "", pid: int = 0):
+        self.role, self.rank, self.host, self.pid = role, rank, host, pid
+        super().__init__(message)
+
+
 class Worker:
     def __init__(self, layout_kwargs: dict | None = None) -> None:
         self.env = init_distributed(detect_env())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -226,25 +227,47 @@ SHIMS: dict[str, Shim] = {
 }
 
 _applied: set[str] = set()
+_deferred: set[str] = set()
+# These patch megatron modules; importing megatron costs ~5 s per process, so a process that never
+# builds a model (a Ray worker answering `coordinates`) should not pay for it.
+_NEEDS_MEGATRON = ("rng", "sp_norm")
 
 
 def apply_cpu_shims(skip: tuple[str, ...] = ()) -> list[str]:
-    """Apply every shim (minus `skip` and `$MEGARL_SKIP_CPU_SHIMS`) when CUDA is absent."""
+    """Apply every shim (minus `skip` and `$MEGARL_SKIP_CPU_SHIMS`) when CUDA is absent.
+
+    Shims that patch megatron wait until megatron is imported: `apply_megatron_shims` applies them.
+    """
     if torch.cuda.is_available():
         return []
     skip = (*skip, *filter(None, os.environ.get("MEGARL_SKIP_CPU_SHIMS", "").split(",")))
     unknown = set(skip) - SHIMS.keys()
     if unknown:
         raise ValueError(f"unknown CPU shim(s) {sorted(unknown)}; known: {sorted(SHIMS)}")
+    megatron_loaded = "megatron.core" in sys.modules
     for name, shim in SHIMS.items():
-        if name not in skip and name not in _applied:
-            shim.apply()
-            _applied.add(name)
+        if name in skip or name in _applied:
+            continue
+        if name in _NEEDS_MEGATRON and not megatron_loaded:
+            _deferred.add(name)
+            continue
+        shim.apply()
+        _applied.add(name)
+        _deferred.discard(name)
     return sorted(_applied)
+
+
+def apply_megatron_shims() -> None:
+    """Apply the deferred megatron shims (called once megatron is imported; a no-op with CUDA)."""
+    for name in sorted(_deferred):
+        SHIMS[name].apply()
+        _applied.add(name)
+    _deferred.clear()
 
 
 def remove_cpu_shim(name: str) -> None:
     """Undo one shim (tests use this to show why it exists)."""
+    _deferred.discard(name)
     if name in _applied:
         SHIMS[name].remove()
         _applied.discard(name)

@@ -96,6 +96,10 @@ class ParallelLayout:
         import torch.distributed as dist
         from megatron.core import parallel_state, tensor_parallel
 
+        from megarl.distributed.cpu_shims import apply_megatron_shims
+
+        apply_megatron_shims()
+
         if dist.get_world_size() != self.world_size:
             raise LayoutError(
                 f"layout {self.describe()} is for world_size={self.world_size}, "

@@ -7,7 +7,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from megarl.controller.spmd import SPMDWorkerError, SPMDWorkerGroup
+from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.controller.worker import WorkerError
 from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.protocol import Batch
@@ -42,7 +43,7 @@ def main() -> int:
     try:
         flat.fail_on(1)
         results["failure"] = "no error"
-    except SPMDWorkerError as e:
+    except WorkerError as e:
         results["failure"] = str(e).splitlines()[0]
 
     if dist.get_rank() == 0:

@@ -1,0 +1,177 @@
+"""Ray placement groups that reserve a worker group's devices, and the helper that starts or joins Ray.
+
+A `ResourcePool` holds one STRICT_PACK placement group per node and one bundle per device; rank r of
+every worker group built on the pool lands in `pool.bundles()[r]`. Several groups may share a pool
+(roles placed side by side on the same devices): each of their actors takes a `1 / max_colocate`
+share of its bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+
+class ResourcePoolError(RuntimeError):
+    """The cluster cannot host the requested pool, or the pool is already full or removed."""
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """Join the running Ray cluster on this machine, else start a local one (no-op if Ray is up).
+
+    - A cluster already started here (`ray start --head`) is joined with `ray.init(address="auto")`.
+      Ray 2.60 has token auth on by default: a driver that connects by explicit address, or from
+      another node, needs `RAY_AUTH_MODE=token` and the cluster's token file; "auto" works locally.
+    - Otherwise a one-node cluster starts without the dashboard and with quiet logging. `num_cpus`
+      (default: max(8, the machine's cores)) is bookkeeping only: raise it so that, e.g., 4 ranks of
+      0.5 CPU plus the driver fit on a 2-core machine.
+
+    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set when absent: on this kind of machine it makes Ray
+    bind loopback (otherwise it binds the machine's own address, which may not route). It also
+    forbids a second node, so on a real multi-node cluster set it to 1 before calling this.
+    """
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    try:
+        ray.init(address="auto", **quiet)
+        return
+    except ConnectionError:
+        pass
+    cpus = num_cpus if num_cpus is not None else max(8, os.cpu_count() or 1)
+    ray.init(num_cpus=cpus, include_dashboard=False, **quiet)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one rank runs: its bundle, and its node (for MASTER_ADDR and LOCAL_RANK)."""
+
+    placement_group: PlacementGroup
+    bundle_index: int
+    node_id: str
+    node_ip: str
+    local_rank: int
+
+
+class ResourcePool:
+    """Devices reserved for worker groups: `nodes[i]` devices (GPUs, or CPU slots) on the i-th node.
+
+    Placement groups are sorted by (node IP, node ID) once they are placed, so rank order is the same
+    from run to run. With GPUs each bundle is {"GPU": 1, "CPU": cpus_per_rank}; without, {"CPU":
+    cpus_per_rank}. `use_gpu=None` means "if the cluster has GPUs". Up to `max_colocate` worker
+    groups (or colocated actor sets) may share the pool.
+    """
+
+    def __init__(
+        self,
+        nodes: list[int],
+        use_gpu: bool | None = None,
+        cpus_per_rank: float = 0.5,
+        name: str = "megarl",
+        max_colocate: int = 4,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        if not nodes or any(n < 1 for n in nodes):
+            raise ResourcePoolError(f"nodes={nodes} must list at least one node with >= 1 device")
+        if not ray.is_initialized():
+            raise ResourcePoolError("Ray is not running; call start_local_ray() or ray.init() first")
+        self.name = name
+        self.cpus_per_rank = cpus_per_rank
+        self.max_colocate = max_colocate
+        self.use_gpu = ray.cluster_resources().get("GPU", 0) > 0 if use_gpu is None else use_gpu
+        bundle = {"GPU": 1.0, "CPU": cpus_per_rank} if self.use_gpu else {"CPU": cpus_per_rank}
+        groups = [
+            placement_group([dict(bundle)] * n, strategy="STRICT_PACK", name=f"{name}-node{i}")
+            for i, n in enumerate(nodes)
+        ]
+        try:
+            ray.get([pg.ready() for pg in groups], timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            for pg in groups:
+                remove_placement_group(pg)
+            raise ResourcePoolError(
+                f"pool {name!r} ({nodes} x {bundle}) was not placed within {ready_timeout_s:.0f}s; "
+                f"the cluster has {ray.available_resources()} free. Use fewer devices per node, a "
+                "smaller cpus_per_rank, or start Ray with more CPUs/GPUs"
+            ) from None
+        self._placements = _placements(groups)
+        self._groups = groups
+        self._users = 0
+        self._removed = False
+
+    @property
+    def world_size(self) -> int:
+        return len(self._placements)
+
+    def bundles(self) -> list[tuple[PlacementGroup, int]]:
+        """(placement group, bundle index) for rank 0, 1, ..."""
+        return [(p.placement_group, p.bundle_index) for p in self._placements]
+
+    def placements(self) -> list[Placement]:
+        """Everything about where each rank runs, in rank order."""
+        return list(self._placements)
+
+    def attach(self) -> None:
+        """Reserve one colocation slot (worker groups call this when they start their actors)."""
+        if self._removed:
+            raise ResourcePoolError(f"pool {self.name!r} was removed")
+        if self._users >= self.max_colocate:
+            raise ResourcePoolError(
+                f"pool {self.name!r} already hosts {self._users} worker groups (max_colocate="
+                f"{self.max_colocate}); shut one down, colocate roles in one process with "
+                "RayWorkerGroup.colocated, or build the pool with a larger max_colocate"
+            )
+        self._users += 1
+
+    def detach(self) -> None:
+        self._users = max(0, self._users - 1)
+
+    def actor_resources(self) -> dict[str, float]:
+        """num_cpus / num_gpus for one actor: a 1 / max_colocate share of its bundle."""
+        share = 1.0 / self.max_colocate
+        return {"num_cpus": self.cpus_per_rank * share, "num_gpus": share if self.use_gpu else 0.0}
+
+    def remove(self) -> None:
+        """Release the placement groups (actors still inside them are killed by Ray)."""
+        if self._removed:
+            return
+        self._removed = True
+        for pg in self._groups:
+            remove_placement_group(pg)
+
+    def __enter__(self) -> ResourcePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _placements(groups: list[PlacementGroup]) -> list[Placement]:
+    node_ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    placed = []
+    for pg in groups:
+        node_of = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+        node_id = node_of[0]
+        placed.append((node_ips.get(node_id, ""), node_id, pg))
+    placed.sort(key=lambda item: (_ip_key(item[0]), item[1]))
+    local_counts: dict[str, int] = {}
+    result = []
+    for ip, node_id, pg in placed:
+        for index in range(pg.bundle_count):
+            local_rank = local_counts.get(node_id, 0)
+            local_counts[node_id] = local_rank + 1
+            result.append(Placement(pg, index, node_id, ip, local_rank))
+    return result
+
+
+def _ip_key(ip: str) -> tuple:
+    """Numeric order for IPv4 (10.0.0.9 before 10.0.0.10); plain string order otherwise."""
+    parts = ip.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        return (0, *map(int, parts))
+    return (1, ip)

@@ -1,0 +1,40 @@
+"""One local Ray cluster for the whole session (starting Ray costs 3-5 s and ~0.5 GB)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A loopback Ray cluster with 8 CPU slots: 4 ranks x 0.5 CPU, colocated groups and the driver fit."""
+    import ray
+
+    from megarl.controller.resource_pool import start_local_ray
+
+    start_local_ray(num_cpus=8)
+    yield
+    ray.shutdown()
+
+
+def _pool(ranks: int) -> Iterator:
+    from megarl.controller.resource_pool import ResourcePool
+
+    pool = ResourcePool([ranks], use_gpu=False, name=f"test-pool{ranks}")
+    yield pool
+    pool.remove()
+
+
+@pytest.fixture(scope="module")
+def pool4(ray_cluster) -> Iterator:
+    """Four CPU ranks on this node, shared by the module's worker groups (side by side or one by one)."""
+    yield from _pool(4)
+
+
+@pytest.fixture(scope="module")
+def pool2(ray_cluster) -> Iterator:
+    """Two CPU ranks: each worker process imports torch and megatron (~7 s of CPU), so tests that
+    only need "some peers" use two."""
+    yield from _pool(2)

@@ -1,0 +1,139 @@
+"""RayWorkerGroup on a local Ray cluster: layouts, dispatch, colocation, failures and hangs."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+import torch
+
+from megarl.controller.resource_pool import ResourcePool, ResourcePoolError
+from megarl.controller.worker import WorkerError
+from megarl.controller.worker_group import RayWorkerGroup
+from megarl.distributed.layout import ParallelLayout
+from megarl.protocol import Batch
+from tests.ray.workers import FailsToStart, PolicyRole, ProbeWorker, RefRole
+
+pytestmark = pytest.mark.ray
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _alive(pids)
+
+
+@pytest.fixture(scope="module")
+def tp2_dp2(pool4):
+    group = RayWorkerGroup(pool4, ProbeWorker, "policy", {"layout_kwargs": {"tp": 2}})
+    yield group
+    group.shutdown()
+
+
+def _check_coordinates(group: RayWorkerGroup, layout: ParallelLayout) -> None:
+    reported = group.coordinates()
+    assert [c["rank"] for c in reported] == list(range(4))
+    for c in reported:
+        expected = layout.coordinates(c["rank"])
+        assert (c["tp"], c["pp"], c["dp"], c["cp"]) == (expected.tp, expected.pp, expected.dp, expected.cp)
+    assert len({c["pid"] for c in reported}) == 4
+    assert [c["pid"] for c in reported] == [p["pid"] for p in group.processes]
+
+
+def test_tp2_dp2_ranks_report_layout_coordinates(tp2_dp2):
+    _check_coordinates(tp2_dp2, ParallelLayout(world_size=4, tp=2))
+    assert tp2_dp2.world_size == 4 and tp2_dp2.role == "policy"
+    assert tp2_dp2.world_sum([1, 2, 3, 4]) == [10] * 4
+
+
+@pytest.mark.parametrize("rows", [10, 9])
+def test_dp_compute_splits_by_dp_rank_and_drops_padding(tp2_dp2, rows):
+    out = tp2_dp2.double(Batch(tensors={"x": torch.arange(rows)}))
+    assert len(out) == rows
+    assert torch.equal(out.tensors["y"], torch.arange(rows) * 2)
+    half = (rows + 1) // 2
+    assert out.tensors["dp_rank"].tolist() == [0] * half + [1] * (rows - half)
+    assert out.tensors["rank"].tolist() == [0] * half + [2] * (rows - half)  # TP rank 0 collects
+
+
+def test_async_calls_overlap_and_collect(tp2_dp2):
+    futures = [tp2_dp2.sleep_on_async(r, 1.0) for r in range(4)]
+    assert [f.result() for f in futures] == [[0, 1, 2, 3]] * 4
+
+
+def test_pp2_dp2_colocated_roles_share_one_process_and_world(pool4):
+    layout = {"layout_kwargs": {"pp": 2}}
+    groups = RayWorkerGroup.colocated(
+        pool4, {"policy": PolicyRole, "ref": RefRole}, {"policy": layout, "ref": layout}
+    )
+    try:
+        _check_coordinates(groups["ref"], ParallelLayout(world_size=4, pp=2))
+        policy, ref = groups["policy"].whoami(), groups["ref"].whoami()
+        assert [p["pid"] for p in policy] == [r["pid"] for r in ref]
+        assert [p["world"] for p in policy] == [r["world"] for r in ref]
+        assert groups["ref"].world_size_seen() == 4
+        out = groups["policy"].double(Batch(tensors={"x": torch.arange(10)}))
+        assert torch.equal(out.tensors["y"], torch.arange(10) * 2)
+        assert out.tensors["rank"].tolist() == [2] * 5 + [3] * 5  # the last PP stage collects
+    finally:
+        groups["policy"].shutdown()
+    assert not groups["ref"].alive
+    assert _wait_gone([p["pid"] for p in policy]) == []
+
+
+def test_rank_raising_mid_collective_raises_worker_error_and_kills_all(pool2):
+    group = RayWorkerGroup(pool2, ProbeWorker, "actor")
+    pids = [p["pid"] for p in group.processes]
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"actor\.fail_in_collective failed on rank 1 of 2") as err:
+        group.fail_in_collective(1)
+    assert time.monotonic() - start < 30
+    assert err.value.rank == 1 and err.value.pid == pids[1]
+    assert "injected failure on rank 1" in str(err.value) and "Traceback" in str(err.value)
+    assert _wait_gone(pids) == []
+    with pytest.raises(WorkerError, match="shut down"):
+        group.coordinates()
+
+
+def test_hanging_rank_times_out_with_worker_error(pool2):
+    group = RayWorkerGroup(pool2, ProbeWorker, "reward", call_timeout_s=2)
+    pids = [p["pid"] for p in group.processes]
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank\(s\) 1 \(.*\) did not answer within 2s") as err:
+        group.sleep_on(1, 120)
+    assert time.monotonic() - start < 10
+    assert err.value.rank == 1
+    assert _wait_gone(pids) == []
+
+
+def test_pool_orders_bundles_and_limits_colocation(ray_cluster):
+    pool = ResourcePool([2, 1], use_gpu=False, cpus_per_rank=0.25, name="test-pool21", max_colocate=1)
+    try:
+        assert pool.world_size == 3
+        assert [p.local_rank for p in pool.placements()] == [0, 1, 2]  # one node here: ranks count on
+        (pg_a, _), (pg_b, _), (pg_c, _) = pool.bundles()
+        assert [i for _, i in pool.bundles()] == [0, 1, 0] and pg_a == pg_b != pg_c
+        pool.attach()
+        with pytest.raises(ResourcePoolError, match="max_colocate=1"):
+            pool.attach()
+    finally:
+        pool.remove()
+
+
+def test_worker_failing_to_start_raises_worker_error(pool2):
+    with pytest.raises(WorkerError, match=r"critic\.__init__ failed on rank \d of 2") as err:
+        RayWorkerGroup(pool2, FailsToStart, "critic")
+    assert "no checkpoint at /nonexistent" in str(err.value)
