@@ -31,8 +31,10 @@ class EchoBenchWorker(Worker):
 
 
 def make_batch(mib: int) -> Batch:
+    """The same batch on every rank (SPMD drivers must agree on their inputs)."""
     rows = 64
-    return Batch(tensors={"x": torch.randn(rows, mib * 2**20 // 4 // rows)})
+    generator = torch.Generator().manual_seed(mib)
+    return Batch(tensors={"x": torch.randn(rows, mib * 2**20 // 4 // rows, generator=generator)})
 
 
 def time_round_trips(call, repeats: int) -> dict[str, float]:

@@ -8,6 +8,8 @@ Pure functions of the call arguments and each rank's `RankInfo`; both backends (
   DP_COMPUTE   Batch arguments are split by data-parallel rank (padded to a multiple of dp_size),
                replicated to the TP/PP/CP peers of each replica; results are taken from each
                replica's collecting rank, concatenated in DP order, padding removed
+  GEN_DP_COMPUTE  the same over the generation layout: micro-DP replicas of the 3D-HybridEngine are
+               extra data-parallel ranks (world / rollout_tp of them), collected from generation TP rank 0
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Dispatch(StrEnum):
     ALL_TO_ALL = "all_to_all"
     RANK_ZERO = "rank_zero"
     DP_COMPUTE = "dp_compute"
+    GEN_DP_COMPUTE = "gen_dp_compute"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,19 @@ class RankInfo:
     dp_rank: int
     dp_size: int
     collect: bool  # TP rank 0 and CP rank 0 on the last PP stage: this rank's output is the replica's
+    gen_dp_rank: int | None = None  # the same three under the generation layout (None: no rollout)
+    gen_dp_size: int | None = None
+    gen_collect: bool = False
+
+    def replica(self, mode: Dispatch) -> tuple[int, int, bool]:
+        """(replica index, replica count, collects?) under `mode`'s layout."""
+        if mode == Dispatch.GEN_DP_COMPUTE:
+            if self.gen_dp_rank is None:
+                raise ValueError(
+                    f"rank {self.rank} has no generation layout; gen_dp_compute needs a rollout tp"
+                )
+            return self.gen_dp_rank, self.gen_dp_size, self.gen_collect
+        return self.dp_rank, self.dp_size, self.collect
 
 
 def register(mode: Dispatch) -> Callable:
@@ -53,9 +69,10 @@ def _is_batch(value: Any) -> bool:
     )
 
 
-def _check_ranks(ranks: list[RankInfo]) -> int:
-    dp_size = ranks[0].dp_size
-    collectors = sorted(r.dp_rank for r in ranks if r.collect)
+def _check_ranks(mode: Dispatch, ranks: list[RankInfo]) -> int:
+    replicas = [r.replica(mode) for r in ranks]
+    dp_size = replicas[0][1]
+    collectors = sorted(index for index, _, collects in replicas if collects)
     if collectors != list(range(dp_size)):
         raise ValueError(
             f"need exactly one collecting rank per DP replica (dp_size={dp_size}); got {collectors}"
@@ -77,18 +94,16 @@ def split(
                     f"all_to_all needs every argument to be a list of {world} items (one per rank)"
                 )
         return [(tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}) for r in range(world)], None
-    if mode == Dispatch.DP_COMPUTE:
-        dp_size = _check_ranks(ranks)
+    if mode in (Dispatch.DP_COMPUTE, Dispatch.GEN_DP_COMPUTE):
+        dp_size = _check_ranks(mode, ranks)
         pad, parts_args, parts_kwargs = 0, [], {}
         for value in args:
             pad, parts = _split_by_dp(value, dp_size, pad)
             parts_args.append(parts)
         for key, value in kwargs.items():
             pad, parts_kwargs[key] = _split_by_dp(value, dp_size, pad)
-        calls = [
-            (tuple(p[r.dp_rank] for p in parts_args), {k: p[r.dp_rank] for k, p in parts_kwargs.items()})
-            for r in ranks
-        ]
+        index = [r.replica(mode)[0] for r in ranks]
+        calls = [(tuple(p[i] for p in parts_args), {k: p[i] for k, p in parts_kwargs.items()}) for i in index]
         return calls, pad
     raise ValueError(f"unknown dispatch mode {mode!r}")
 
@@ -109,9 +124,11 @@ def collect(mode: Dispatch, outputs: list, ranks: list[RankInfo], context: Any) 
         return outputs
     if mode == Dispatch.RANK_ZERO:
         return outputs[0]
-    if mode == Dispatch.DP_COMPUTE:
+    if mode in (Dispatch.DP_COMPUTE, Dispatch.GEN_DP_COMPUTE):
+        replicas = [r.replica(mode) for r in ranks]
         per_replica = sorted(
-            ((r.dp_rank, out) for r, out in zip(ranks, outputs) if r.collect), key=lambda x: x[0]
+            ((index, out) for (index, _, collects), out in zip(replicas, outputs) if collects),
+            key=lambda x: x[0],
         )
         parts = [out for _, out in per_replica]
         if not parts or not _is_batch(parts[0]):

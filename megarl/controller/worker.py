@@ -39,7 +39,8 @@ class WorkerError(RuntimeError):
 
 
 class Worker:
-    def __init__(self, layout_kwargs: dict | None = None) -> None:
+    def __init__(self, layout_kwargs: dict | None = None, rollout_tp: int | None = None) -> None:
+        self.rollout_tp = rollout_tp  # generation TP of a colocated rollout engine (None: no rollout)
         self.env = init_distributed(detect_env())
         self.layout = ParallelLayout(world_size=self.env.world_size, **(layout_kwargs or {}))
         # Colocated roles share one process and one layout: only the first initialises megatron.
@@ -49,11 +50,20 @@ class Worker:
     def rank_info(self) -> RankInfo:
         c = self.layout.coordinates(self.env.rank)
         last_stage = c.pp == self.layout.pp - 1
+        gen = {}
+        if self.rollout_tp is not None:
+            gen_dp_rank, gen_tp_rank = self.layout.generation_coordinates(self.env.rank, self.rollout_tp)
+            gen = {
+                "gen_dp_rank": gen_dp_rank,
+                "gen_dp_size": self.env.world_size // self.rollout_tp,
+                "gen_collect": gen_tp_rank == 0,
+            }
         return RankInfo(
             rank=self.env.rank,
             dp_rank=c.dp,
             dp_size=self.layout.dp,
             collect=last_stage and c.tp == 0 and c.cp == 0,
+            **gen,
         )
 
     @register(Dispatch.ONE_TO_ALL)
@@ -86,6 +96,7 @@ class Worker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
-        ParallelLayout.destroy()
+        if ParallelLayout.active() is not None:
+            ParallelLayout.destroy()
         if dist.is_initialized():
             dist.destroy_process_group()

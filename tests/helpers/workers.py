@@ -24,6 +24,11 @@ class EchoWorker(Worker):
             }
         )
 
+    @register(Dispatch.GEN_DP_COMPUTE)
+    def gen_tag(self, batch: Batch) -> Batch:
+        info = self.rank_info()
+        return Batch(tensors={"x": batch["x"], "gen_dp_rank": torch.full((len(batch),), info.gen_dp_rank)})
+
     @register(Dispatch.RANK_ZERO)
     def rank(self) -> int:
         return self.env.rank

@@ -46,6 +46,10 @@ def main() -> int:
     except WorkerError as e:
         results["failure"] = str(e).splitlines()[0]
 
+    gen = SPMDWorkerGroup(EchoWorker, "gen", {"layout_kwargs": {"tp": 2}, "rollout_tp": 1})
+    out = gen.gen_tag(Batch(tensors={"x": torch.arange(10)}))
+    results["gen_dp_compute"] = {"x": out["x"].tolist(), "gen_dp_rank": out["gen_dp_rank"].tolist()}
+
     if dist.get_rank() == 0:
         report(results)
     dist.barrier()

@@ -42,3 +42,10 @@ def test_a_failing_rank_raises_on_every_rank_naming_it(spmd):
     assert (
         "echo" not in spmd["failure"] and "flat.fail_on failed on 1 rank(s); first: rank 1" in spmd["failure"]
     )
+
+
+def test_gen_dp_compute_treats_micro_dp_replicas_as_data_parallel_ranks(spmd):
+    # training tp2 x dp2, rollout tp1: 4 generation replicas; 10 rows padded to 12, 3 per replica
+    out = spmd["gen_dp_compute"]
+    assert out["x"] == list(range(10))
+    assert out["gen_dp_rank"] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megarl.controller.dispatch import Dispatch, RankInfo, collect, dispatch_mode_of, register, split
-from megarl.distributed.layout import ParallelLayout
+from megarl.distributed.layout import LayoutError, ParallelLayout
 from megarl.protocol import Batch
 
 pytestmark = pytest.mark.unit
@@ -79,3 +79,52 @@ def test_register_marks_methods():
         return batch
 
     assert dispatch_mode_of(f) is Dispatch.DP_COMPUTE and dispatch_mode_of(lambda: 0) is None
+
+
+def gen_ranks_of(layout: ParallelLayout, rollout_tp: int) -> list[RankInfo]:
+    infos = []
+    for info in ranks_of(layout):
+        gen_dp, gen_tp = layout.generation_coordinates(info.rank, rollout_tp)
+        infos.append(
+            RankInfo(
+                info.rank,
+                info.dp_rank,
+                info.dp_size,
+                info.collect,
+                gen_dp,
+                layout.world_size // rollout_tp,
+                gen_tp == 0,
+            )
+        )
+    return infos
+
+
+def test_generation_replicas_follow_the_hybrid_engine_grouping():
+    layout = ParallelLayout(world_size=4, tp=4)  # DESIGN §5: t=4, t_g=2 -> gen-TP groups [0,2] and [1,3]
+    coords = [layout.generation_coordinates(r, 2) for r in range(4)]
+    assert coords == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    pp_layout = ParallelLayout(world_size=8, tp=2, pp=2)  # every PP stage becomes generation replicas
+    assert [pp_layout.generation_coordinates(r, 1)[0] for r in range(8)] == [0, 1, 4, 5, 2, 3, 6, 7]
+
+
+def test_gen_dp_compute_uses_micro_dp_replicas_as_extra_data_parallel_ranks():
+    ranks = gen_ranks_of(ParallelLayout(world_size=4, tp=4), rollout_tp=2)
+    calls, out = run(Dispatch.GEN_DP_COMPUTE, ranks, Batch(tensors={"x": torch.arange(10)}))
+    assert [len(a[0]) for a, _ in calls] == [5, 5, 5, 5]  # ranks 0,2 share replica 0; 1,3 replica 1
+    assert torch.equal(calls[0][0][0]["x"], calls[2][0][0]["x"])
+    assert out["x"].tolist() == list(range(10)) and out["rank"].tolist() == [0] * 5 + [1] * 5
+
+
+def test_gen_dp_compute_needs_a_rollout_layout():
+    with pytest.raises(ValueError, match="no generation layout"):
+        split(
+            Dispatch.GEN_DP_COMPUTE,
+            (Batch(tensors={"x": torch.arange(4)}),),
+            {},
+            ranks_of(ParallelLayout(world_size=2)),
+        )
+
+
+def test_rollout_tp_must_divide_training_tp():
+    with pytest.raises(LayoutError, match="rollout tp=3 must divide the training tp=4"):
+        ParallelLayout(world_size=4, tp=4).generation_coordinates(0, 3)
