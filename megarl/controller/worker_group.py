@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from megarl.controller.dispatch import Dispatch, RankInfo, collect, dispatch_mode_of, split
 from megarl.controller.resource_pool import Placement, ResourcePool
 from megarl.controller.worker import RemoteError, WorkerError
+from megarl.distributed.launch import free_port
 
 
 class _RankHost:
@@ -69,9 +70,7 @@ _ports_handed_out: set[int] = set()
 def _free_port() -> int:
     """A port nobody listens on now (and not already given to another group by this driver)."""
     while True:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        port = free_port(host="")
         if port not in _ports_handed_out:
             _ports_handed_out.add(port)
             return port

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 RESULT_PREFIX = "RESULT "
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now, on `host` ("" = every interface)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
