@@ -16,9 +16,13 @@ from typing import Literal
 Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
 AlgorithmName = Literal["ppo", "grpo", "dpo", "sft"]
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
+AdvEstimator = Literal[
+    "gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
+]
 KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KlController = Literal["fixed", "adaptive"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+PolicyLoss = Literal["vanilla", "gspo"]
 RolloutEngine = Literal["vllm"]
 Launcher = Literal["ray", "torchrun"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
@@ -138,18 +142,33 @@ class RolloutConfig:
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = "ppo"  # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "dpo" | "sft"
-    adv_estimator: AdvEstimator | None = None  # None = auto: "grpo" for name=grpo, else "gae"
+    # how advantages are estimated (megarl.algorithms.advantages): "gae" (needs the critic) | "grpo" |
+    # "drgrpo" (GRPO without the std division) | "rloo" | "reinforce_plus_plus" |
+    # "reinforce_plus_plus_baseline" | "remax" (baseline = the greedy response's score).
+    # grpo, drgrpo, rloo and reinforce_plus_plus_baseline compare the samples of a prompt: rollout.n ≥ 2.
+    # None = auto: "grpo" for name=grpo (which also allows "drgrpo"), else "gae"
+    adv_estimator: AdvEstimator | None = None
     gamma: float = 1.0  # discount factor, in [0, 1]
     lam: float = 1.0  # GAE lambda, in [0, 1]
-    kl_coef: float = 0.001  # weight of the KL(policy ‖ reference) term
+    kl_coef: float = 0.001  # weight of the KL(policy ‖ reference) term (the start value if kl_ctrl=adaptive)
     kl_estimator: KlEstimator = "low_var_kl"  # "k1" | "k2" | "k3" | "low_var_kl" (clamped k3)
     use_kl_in_reward: bool = False  # subtract kl_coef·KL from the token rewards (PPO style)
     use_kl_loss: bool = False  # add kl_coef·KL to the policy loss (GRPO style)
+    # how the in-reward KL coefficient evolves: "fixed" | "adaptive" (Ziegler et al.: steered towards
+    # kl_target); adaptive needs use_kl_in_reward=true
+    kl_ctrl: KlController = "fixed"
+    kl_target: float = 0.1  # adaptive kl_ctrl: the mean token KL to steer towards; > 0
+    kl_horizon: int = 10000  # adaptive kl_ctrl: samples over which the coefficient adapts; ≥ 1
+    policy_loss: PolicyLoss = "vanilla"  # "vanilla" (PPO token ratio) | "gspo" (sequence ratio, GSPO)
     clip_ratio_low: float = 0.2  # PPO ratio clipped below at 1 - clip_ratio_low; in (0, 1)
     clip_ratio_high: float = 0.2  # PPO ratio clipped above at 1 + clip_ratio_high
+    clip_ratio_c: float | None = None  # dual clip: cap the loss of A < 0 tokens at -A·clip_ratio_c; > 1
     value_clip: float = 0.5  # critic values clipped to old value ± value_clip
     entropy_coeff: float = 0.0  # weight of the entropy bonus
-    loss_agg_mode: LossAggMode = "token-mean"  # how token losses are averaged into one scalar
+    # how token losses become one scalar: "token-mean" | "seq-mean-token-sum" | "seq-mean-token-mean" |
+    # "seq-mean-token-sum-norm" (Dr.GRPO: token sum / data.max_response_length, mean over sequences);
+    # GSPO's paper objective is "seq-mean-token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     ppo_epochs: int = 1  # passes over each step's rollouts
     ppo_mini_batch_size: int = 16  # prompts per optimizer step (× rollout.n sequences); divides train batch
 

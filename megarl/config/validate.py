@@ -20,7 +20,9 @@ from megarl.config.schema import MegarlConfig, OptimizerConfig
 __all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "validate"]
 
 _CRITIC_ESTIMATORS = ("gae",)
-_GROUP_ESTIMATORS = ("grpo", "rloo")  # compare samples of one prompt, so they need rollout.n ≥ 2
+# compare samples of one prompt, so they need rollout.n ≥ 2
+_GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
+_GRPO_ESTIMATORS = ("grpo", "drgrpo")  # what algorithm.name=grpo allows
 _RL_ALGORITHMS = ("ppo", "grpo")
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
@@ -196,15 +198,16 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
 
 def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     a = cfg.algorithm
-    if a.name == "grpo" and a.adv_estimator != "grpo":
+    if a.name == "grpo" and a.adv_estimator not in _GRPO_ESTIMATORS:
         problems.append(
-            f"algorithm.adv_estimator={a.adv_estimator} contradicts algorithm.name=grpo; "
-            "remove adv_estimator or set algorithm.name=ppo"
+            f"algorithm.adv_estimator={a.adv_estimator} contradicts algorithm.name=grpo (which uses "
+            f"{' or '.join(_GRPO_ESTIMATORS)}); remove adv_estimator or set algorithm.name=ppo"
         )
     if a.name in _RL_ALGORITHMS and a.adv_estimator in _CRITIC_ESTIMATORS and not cfg.critic.enable:
         problems.append(
             f"algorithm.adv_estimator={a.adv_estimator} needs a value model but critic.enable=false; "
-            "set critic.enable=true or use algorithm.adv_estimator=grpo, rloo or reinforce_plus_plus"
+            "set critic.enable=true or use a critic-free estimator: algorithm.adv_estimator=grpo, drgrpo, "
+            "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or remax"
         )
     if a.name in _RL_ALGORITHMS and a.adv_estimator in _GROUP_ESTIMATORS and cfg.rollout.n < 2:
         problems.append(
@@ -230,6 +233,20 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     in_range(problems, "algorithm.clip_ratio_low", a.clip_ratio_low, "(0, 1)", ok, "e.g. 0.2")
     if a.clip_ratio_high <= 0:
         problems.append(f"algorithm.clip_ratio_high={a.clip_ratio_high} must be > 0; e.g. 0.2 (or 0.28)")
+    if a.clip_ratio_c is not None and a.clip_ratio_c <= 1:
+        problems.append(
+            f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (dual clip caps the loss of negative-advantage "
+            "tokens at clip_ratio_c·|A|); e.g. 3.0, or null to disable dual clip"
+        )
+    if a.kl_ctrl == "adaptive":
+        if not a.use_kl_in_reward:
+            problems.append(
+                "algorithm.kl_ctrl=adaptive steers the in-reward KL coefficient but algorithm.use_kl_in_reward="
+                "false; set algorithm.use_kl_in_reward=true or algorithm.kl_ctrl=fixed"
+            )
+        if a.kl_target <= 0:
+            problems.append(f"algorithm.kl_target={a.kl_target} must be > 0; e.g. 0.1")
+        at_least(problems, "algorithm.kl_horizon", a.kl_horizon, 1, "e.g. 10000")
     if a.value_clip <= 0:
         problems.append(f"algorithm.value_clip={a.value_clip} must be > 0; e.g. 0.5")
     at_least(problems, "algorithm.entropy_coeff", a.entropy_coeff, 0, "e.g. 0")

@@ -4,6 +4,10 @@ After `wrap_ddp`, a non-forward-only `run_microbatches` leaves finished gradient
 averaged over data-parallel ranks, tied embeddings summed across the first and last PP stage, and
 norm weights summed over TP where TP ranks see only part of their input (sequence parallel, q/k norms)
 — megatron's own finalize_model_grads does all of it.
+
+With `use_distributed_optimizer=True` the parameters move into one contiguous buffer per dtype and
+gradients are reduce-scattered instead of all-reduced: each data-parallel rank then holds finished
+gradients only for its own shard, which is what megatron's DistributedOptimizer (ZeRO-1) updates.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from __future__ import annotations
 import torch
 
 
-def wrap_ddp(chunks: list[torch.nn.Module], grad_reduce_in_fp32: bool = True) -> list[torch.nn.Module]:
+def wrap_ddp(
+    chunks: list[torch.nn.Module], grad_reduce_in_fp32: bool = True, use_distributed_optimizer: bool = False
+) -> list[torch.nn.Module]:
+    """The chunks wrapped in megatron DDP; pass `use_distributed_optimizer` the optimizer's setting."""
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -20,7 +27,9 @@ def wrap_ddp(chunks: list[torch.nn.Module], grad_reduce_in_fp32: bool = True) ->
 
     config = chunks[0].config
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False, use_distributed_optimizer=False
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
     )
     wrapped = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)

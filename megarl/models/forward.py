@@ -24,9 +24,8 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_s
     local = logits.shape[-1]
     first = parallel_state.get_tensor_model_parallel_rank() * local
     padded = torch.arange(first, first + local, device=logits.device) >= vocab_size
-    logits = logits.float()
-    if padded.any():
-        logits = logits.masked_fill(padded, float("-inf"))
+    # masked_fill also copies: megatron's cross entropy overwrites its input with exp(logits).
+    logits = logits.float().masked_fill(padded, float("-inf"))
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
 
@@ -37,11 +36,50 @@ def gather_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return tensor_parallel.gather_from_tensor_model_parallel_region(logits)[..., :vocab_size]
 
 
+def vocab_parallel_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Entropy of softmax(logits) from vocab-parallel logits [..., V/tp], differentiable, without ever
+    gathering the vocabulary: three TP all-reduces (max, sum of exp, sum of exp·logit)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    local = logits.shape[-1]
+    first = parallel_state.get_tensor_model_parallel_rank() * local
+    padded = torch.arange(first, first + local, device=logits.device) >= vocab_size
+    logits = logits.float().masked_fill(padded, float("-inf"))
+    shift = logits.detach().max(dim=-1, keepdim=True).values
+    dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group())
+    exp = torch.exp(logits - shift)
+    # H = log Z - sum(p·z) with Z = sum exp(z - m); the reductions are identity in backward, which is
+    # right because every TP rank computes the same loss from the reduced values.
+    total = tensor_parallel.reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
+    weighted = (exp * logits.masked_fill(padded, 0.0)).sum(dim=-1)
+    weighted = tensor_parallel.reduce_from_tensor_model_parallel_region(weighted)
+    return shift.squeeze(-1) + torch.log(total) - weighted / total
+
+
+def select_positions(output: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of output [b, s, ...] at flat positions `index` (any shape) into b·s -> [*index.shape, ...]."""
+    flat = output.reshape(-1, *output.shape[2:])
+    return flat[index.reshape(-1)].reshape(*index.shape, *output.shape[2:])
+
+
 def _forward_step(loss_fn: LossFn, data_iterator, model):
     batch = next(data_iterator)
     tokens = batch["input_ids"]
-    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-    output = model(input_ids=tokens, position_ids=positions, attention_mask=None)
+    positions = batch.get("position_ids")
+    if positions is None:
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    kwargs = {}
+    if "cu_seqlens" in batch:  # packed sequences in THD layout (Transformer Engine attention)
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu, longest = batch["cu_seqlens"], int((batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).max())
+        kwargs["packed_seq_params"] = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
+    output = model(
+        input_ids=tokens, position_ids=positions, attention_mask=batch.get("attention_mask"), **kwargs
+    )
     return output, partial(_loss, loss_fn, batch)
 
 

@@ -118,6 +118,42 @@ INVALID = [
     (["reward.enable=true"], ["reward.model_path is not set", "set reward.model_path="]),
     (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator=k4", "one of k1, k2, k3, low_var_kl"]),
     (
+        ["algorithm.adv_estimator=a2c"],
+        [
+            "algorithm.adv_estimator=a2c",
+            "gae, grpo, drgrpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline",
+        ],
+    ),
+    (
+        ["algorithm.adv_estimator=rloo"],
+        ["adv_estimator=rloo contradicts algorithm.name=grpo (which uses grpo or"],
+    ),
+    (["algorithm.adv_estimator=drgrpo", "rollout.n=1"], ["rollout.n=1 but algorithm.adv_estimator=drgrpo"]),
+    (
+        ["algorithm.name=ppo", "algorithm.adv_estimator=rloo", "rollout.n=1"],
+        ["rollout.n=1 but algorithm.adv_estimator=rloo", "set rollout.n ≥ 2"],
+    ),
+    (
+        ["algorithm.name=ppo", "algorithm.adv_estimator=reinforce_plus_plus_baseline", "rollout.n=1"],
+        ["rollout.n=1 but algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+    ),
+    (["algorithm.clip_ratio_c=1.0"], ["algorithm.clip_ratio_c=1.0 must be > 1", "e.g. 3.0, or null"]),
+    (["algorithm.policy_loss=gpg"], ["algorithm.policy_loss=gpg", "one of vanilla, gspo"]),
+    (["algorithm.loss_agg_mode=seq-mean"], ["algorithm.loss_agg_mode=seq-mean", "seq-mean-token-sum-norm"]),
+    (["algorithm.kl_ctrl=pid"], ["algorithm.kl_ctrl=pid", "one of fixed, adaptive"]),
+    (
+        ["algorithm.kl_ctrl=adaptive"],
+        ["kl_ctrl=adaptive steers the in-reward KL coefficient", "set algorithm.use_kl_in_reward=true"],
+    ),
+    (
+        ["algorithm.kl_ctrl=adaptive", "algorithm.use_kl_in_reward=true", "algorithm.kl_target=0"],
+        ["algorithm.kl_target=0.0 must be > 0"],
+    ),
+    (
+        ["algorithm.kl_ctrl=adaptive", "algorithm.use_kl_in_reward=true", "algorithm.kl_horizon=0"],
+        ["algorithm.kl_horizon=0 must be ≥ 1"],
+    ),
+    (
         ["logging.backends=[console,mlflow]"],
         ["logging.backends=[console, mlflow]", "console, jsonl, tensorboard, wandb"],
     ),
@@ -253,6 +289,32 @@ def test_auto_roles_follow_the_algorithm():
     cfg = load_config(None, ["algorithm.name=ppo", "reward.model_path=/rm"], check_paths=False)
     assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable and cfg.reward.enable
     assert not cfg.ref.enable
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.adv_estimator=drgrpo", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
+        [
+            "algorithm.policy_loss=gspo",
+            "algorithm.loss_agg_mode=seq-mean-token-mean",
+            "algorithm.clip_ratio_c=3",
+        ],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=rloo"],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=remax", "algorithm.use_kl_in_reward=true"],
+        [
+            "algorithm.name=ppo",
+            "algorithm.adv_estimator=gae",
+            "algorithm.kl_ctrl=adaptive",
+            "algorithm.use_kl_in_reward=true",
+        ],
+    ],
+    ids=lambda v: " ".join(v),
+)
+def test_algorithm_variants_load(tiny_run, overrides):
+    cfg = load_config(QUICKSTART, tiny_run + overrides)
+    assert cfg.critic.enable == (cfg.algorithm.adv_estimator == "gae")
 
 
 @pytest.mark.parametrize(

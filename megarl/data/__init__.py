@@ -1,0 +1,1 @@
+"""Training data: datasets, rewards, and how sequences are batched across ranks and micro-batches."""

@@ -1,0 +1,71 @@
+"""CriticWorker: the value model (a scalar head on a megatron GPTModel).
+
+    values(batch)  -> Batch(values [n, R]): V(state before response token j), 0 on padding
+    update(batch)  -> metrics dict: clipped value loss on `values` (old) and `returns`
+
+Started from the critic checkpoint (`critic.model_path`, default the policy's): a policy LM checkpoint
+gets a fresh scalar head in place of its LM head (`ModelArchitecture.with_scalar_head`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megarl.algorithms.value_loss import clipped_value_loss
+from megarl.config.schema import MegarlConfig
+from megarl.controller.dispatch import Dispatch, register
+from megarl.models.forward import select_positions
+from megarl.models.from_hf import ModelArchitecture
+from megarl.protocol import Batch
+from megarl.workers.megatron_worker import GlobalCounts, MegatronWorker
+from megarl.workers.sequences import sequences_from_batch
+
+
+class CriticWorker(MegatronWorker):
+    def __init__(self, cfg: MegarlConfig, total_steps: int | None = None) -> None:
+        super().__init__(cfg, "critic", trainable=True, total_steps=total_steps)
+
+    def _architecture(self) -> ModelArchitecture:
+        return super()._architecture().with_scalar_head()
+
+    @staticmethod
+    def _token_values(mb: dict, output: torch.Tensor) -> torch.Tensor:
+        return select_positions(output.squeeze(-1), mb["index"]).float() * mb["mask"]
+
+    @register(Dispatch.DP_COMPUTE)
+    def values(self, batch: Batch) -> Batch:
+        seqs = sequences_from_batch(batch)
+        out = self.forward_rows(
+            seqs,
+            lambda mb, output: {"values": self._token_values(mb, output)},
+            {"values": (seqs.response_width,)},
+        )
+        return Batch(tensors=out)
+
+    @register(Dispatch.DP_COMPUTE)
+    def update(self, batch: Batch) -> dict[str, float]:
+        missing = [k for k in ("values", "returns") if k not in batch.tensors.keys()]
+        if missing:
+            raise KeyError(f"critic update needs columns {missing} in the batch")
+        algo = self.cfg.algorithm
+        seqs = sequences_from_batch(batch)
+        fields = {"old_values": batch["values"].float(), "returns": batch["returns"].float()}
+        mini = algo.ppo_mini_batch_size * self.cfg.rollout.n // self.layout.dp
+        return self.train_minibatches(seqs, fields, self._value_loss, mini, algo.ppo_epochs)
+
+    def _value_loss(self, mb: dict, output: torch.Tensor, counts: GlobalCounts):
+        algo = self.cfg.algorithm
+        mask = mb["mask"]
+        loss, metrics = clipped_value_loss(
+            self._token_values(mb, output),
+            mb["old_values"],
+            mb["returns"],
+            mask,
+            algo.value_clip,
+            agg_mode=algo.loss_agg_mode,
+            **counts.agg(),
+        )
+        share = mask.sum() / counts.num_tokens
+        out = {f"critic/{k}": torch.as_tensor(v, dtype=torch.float64) * share for k, v in metrics.items()}
+        out["critic/vf_loss"] = loss.detach()
+        return loss, out

@@ -1,0 +1,44 @@
+"""RewardModelWorker: a megatron scalar-head reward model (HF `*ForSequenceClassification`, one label).
+
+    score(batch) -> Batch(rm_scores [n]): the head's output at the last real token of prompt ‖ response,
+    which is what transformers' sequence classifiers pool.
+
+For reward models in another architecture (a DeBERTa/BERT classifier with its own tokenizer), use
+`megarl.workers.reward_hf.HFRewardWorker`, which re-tokenises the decoded text.
+"""
+
+from __future__ import annotations
+
+from megarl.config.schema import MegarlConfig
+from megarl.controller.dispatch import Dispatch, register
+from megarl.models.forward import select_positions
+from megarl.models.from_hf import ModelArchitecture
+from megarl.protocol import Batch
+from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.sequences import sequences_from_batch
+
+
+class RewardModelWorker(MegatronWorker):
+    def __init__(self, cfg: MegarlConfig) -> None:
+        if not cfg.reward.model_path:
+            raise ValueError("reward.model_path is not set: the reward model needs an HF checkpoint")
+        super().__init__(cfg, "reward", trainable=False)
+
+    def _architecture(self) -> ModelArchitecture:
+        arch = super()._architecture()
+        if arch.head != "scalar":
+            raise ValueError(
+                f"{self.cfg.reward.model_path} is a language model, not a reward model: expected an HF "
+                "*ForSequenceClassification checkpoint with num_labels=1 (a `score.weight` head)"
+            )
+        return arch
+
+    @register(Dispatch.DP_COMPUTE)
+    def score(self, batch: Batch) -> Batch:
+        seqs = sequences_from_batch(batch)
+        out = self.forward_rows(
+            seqs,
+            lambda mb, output: {"rm_scores": select_positions(output.squeeze(-1), mb["last_index"]).float()},
+            {"rm_scores": ()},
+        )
+        return Batch(tensors=out)

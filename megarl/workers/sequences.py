@@ -1,0 +1,159 @@
+"""From a rollout Batch to the micro-batches a Megatron model consumes, and back.
+
+A rollout Batch follows verl's schema: `input_ids` [n, P+R] = left-padded prompt ‖ right-padded response,
+`attention_mask` [n, P+R], `responses` [n, R]. Inside the workers every sequence is first reduced to its
+real tokens (prompt then response, no padding), then laid out in one of two ways:
+
+  pad    micro-batches of `micro_batch_size` rows, right-padded to one length. Right padding needs no
+         attention mask: causal attention already keeps real tokens from seeing the pads after them.
+  pack   every micro-batch is ONE row of a fixed token budget holding several whole sequences back to
+         back, positions restarting at 0 for each; a block-diagonal causal mask keeps them apart (plain
+         attention on CPU), or cu_seqlens in THD layout where Transformer Engine runs (GPU).
+
+Either way all micro-batches of one schedule call have the same shape (megatron's pipeline exchanges
+fixed-shape activations), and each carries `index` [k, R]: for response token j of its k sequences, the
+flat position in [rows × length] whose output predicts it (the logit for a log-prob, the state value for a
+critic). Per-token results therefore come back in the Batch's own [n, R] layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sequences:
+    """The real tokens of each row of a rollout batch."""
+
+    tokens: list[torch.Tensor]  # prompt tokens then response tokens, 1-D, no padding
+    prompt_lens: list[int]
+    response_lens: list[int]
+    response_width: int  # R: the Batch's response columns
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(t) for t in self.tokens]
+
+
+def sequences_from_batch(batch) -> Sequences:
+    """Strip the padding of every row. Needs `input_ids`, `attention_mask` and `responses`."""
+    for key in ("input_ids", "attention_mask", "responses"):
+        if key not in batch.tensors.keys():
+            raise KeyError(
+                f"the batch has no {key!r} column; a rollout batch needs input_ids, attention_mask and "
+                f"responses (got {sorted(batch.tensors.keys())})"
+            )
+    input_ids, attention = batch["input_ids"], batch["attention_mask"].bool()
+    width = batch["responses"].shape[1]
+    prompt_width = input_ids.shape[1] - width
+    response_mask = attention[:, prompt_width:]
+    # A response is a prefix followed by padding: its mask must never switch back on.
+    if (response_mask[:, 1:] & ~response_mask[:, :-1]).any():
+        raise ValueError("response padding must be at the right end (attention_mask has holes in responses)")
+    tokens, prompt_lens, response_lens = [], [], []
+    for row in range(len(input_ids)):
+        real = input_ids[row][attention[row]]
+        prompt_lens.append(int(attention[row, :prompt_width].sum()))
+        response_lens.append(int(response_mask[row].sum()))
+        tokens.append(real)
+    return Sequences(tokens, prompt_lens, response_lens, width)
+
+
+def response_mask(seqs: Sequences, rows: list[int] | None = None) -> torch.Tensor:
+    """[k, R] float mask of the real response tokens of `rows` (all rows by default)."""
+    rows = range(len(seqs)) if rows is None else rows
+    lens = torch.tensor([seqs.response_lens[r] for r in rows])
+    return (torch.arange(seqs.response_width) < lens[:, None]).float()
+
+
+def padded_length(seqs: Sequences, multiple: int = 1) -> int:
+    """The longest sequence, rounded up to `multiple` (the TP size under sequence parallelism)."""
+    longest = max(seqs.lengths)
+    return -(-longest // multiple) * multiple
+
+
+def build_microbatch(
+    seqs: Sequences, rows: list[int], mode: str, length: int, rows_per_mb: int = 1, thd: bool = False
+) -> dict[str, torch.Tensor]:
+    """One micro-batch of `rows` laid out as `mode` ("pad": `rows_per_mb` rows of `length`; "pack": one
+    row of `length` tokens). Returns model inputs plus `index`, `last_index`, `mask` and `rows`."""
+    if mode == "pad":
+        n_rows, starts = rows_per_mb, [(i, 0) for i in range(len(rows))]
+        if len(rows) > rows_per_mb:
+            raise ValueError(f"{len(rows)} sequences do not fit a micro-batch of {rows_per_mb}")
+    elif mode == "pack":
+        n_rows, offset, starts = 1, 0, []
+        for r in rows:
+            starts.append((0, offset))
+            offset += len(seqs.tokens[r])
+        if offset > length:
+            raise ValueError(f"{offset} tokens do not fit a packed micro-batch of {length}")
+    else:
+        raise ValueError(f"unknown micro-batch mode {mode!r}; use 'pad' or 'pack'")
+
+    input_ids = torch.zeros(n_rows, length, dtype=torch.long)
+    labels = torch.zeros(n_rows, length, dtype=torch.long)
+    positions = torch.arange(length).repeat(n_rows, 1)
+    index = torch.zeros(len(rows), seqs.response_width, dtype=torch.long)
+    last_index = torch.zeros(len(rows), dtype=torch.long)
+    for k, (r, (row, start)) in enumerate(zip(rows, starts)):
+        tokens = seqs.tokens[r]
+        n = len(tokens)
+        input_ids[row, start : start + n] = tokens
+        labels[row, start : start + n - 1] = tokens[1:]
+        positions[row, start : start + n] = torch.arange(n)
+        first = row * length + start + seqs.prompt_lens[r] - 1  # output that predicts response token 0
+        index[k, : seqs.response_lens[r]] = torch.arange(first, first + seqs.response_lens[r])
+        last_index[k] = row * length + start + n - 1
+    mb = {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": positions,
+        "index": index,
+        "last_index": last_index,
+        "mask": response_mask(seqs, rows),
+        "rows": torch.tensor(rows, dtype=torch.long),
+    }
+    if mode == "pack":
+        lengths = [len(seqs.tokens[r]) for r in rows]
+        if thd:
+            mb["cu_seqlens"] = _cu_seqlens(lengths, length)
+        else:
+            mb["attention_mask"] = block_causal_mask(lengths, length)
+    return mb
+
+
+def block_causal_mask(lengths: list[int], total: int) -> torch.Tensor:
+    """[1, 1, total, total] bool, True where attention is NOT allowed: each sequence sees only its own
+    earlier tokens; the trailing padding sees only itself (keeps its softmax finite)."""
+    segment = torch.full((total,), -1, dtype=torch.long)
+    offset = 0
+    for i, n in enumerate(lengths):
+        segment[offset : offset + n] = i
+        offset += n
+    pad = torch.arange(total) >= offset
+    segment[pad] = len(lengths) + torch.arange(int(pad.sum()))
+    same = segment[:, None] == segment[None, :]
+    causal = torch.ones(total, total, dtype=torch.bool).tril()
+    return ~(same & causal)[None, None]
+
+
+def _cu_seqlens(lengths: list[int], total: int) -> torch.Tensor:
+    bounds = torch.tensor([0, *lengths]).cumsum(0)
+    if bounds[-1] < total:  # the trailing padding is one more (ignored) sequence
+        bounds = torch.cat([bounds, torch.tensor([total])])
+    return bounds.to(torch.int32)
+
+
+def scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> torch.Tensor:
+    """Reassemble per-micro-batch results (rows, values [k, ...]) into one tensor of n rows."""
+    rows, values = parts[0]
+    out = torch.zeros((n, *values.shape[1:]), dtype=values.dtype)
+    for rows, values in parts:
+        out[rows] = values
+    return out

@@ -1,0 +1,176 @@
+"""Rank code for test_policy_workers: the Megatron policy, critic and reward workers on 4 ranks.
+
+argv: POLICY_HF REWARD_HF. For every layout it builds the workers through SPMDWorkerGroup (the same
+dispatch as Ray), and rank 0 reports per-layout numbers against transformers fp32 references.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from megarl.algorithms.policy_loss import ppo_clip_loss
+from megarl.config.schema import MegarlConfig
+from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.distributed.launch import report
+from megarl.protocol import Batch
+from megarl.workers.critic import CriticWorker
+from megarl.workers.policy import PolicyWorker
+from megarl.workers.reward import RewardModelWorker
+
+LAYOUTS = {"tp1pp1": (1, 1), "tp2pp1": (2, 1), "tp1pp2": (1, 2), "tp2pp2": (2, 2)}
+N, PROMPT, RESPONSE = 8, 8, 10
+
+
+def rollout_batch(vocab: int, seed: int = 0) -> Batch:
+    """N rows of left-padded prompts (3..8 tokens) and right-padded responses (1..10 tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(3, PROMPT + 1, (N,), generator=g)
+    response_lens = torch.randint(1, RESPONSE + 1, (N,), generator=g)
+    response_lens[0] = RESPONSE
+    prompts = torch.zeros(N, PROMPT, dtype=torch.long)
+    responses = torch.zeros(N, RESPONSE, dtype=torch.long)
+    mask = torch.zeros(N, PROMPT + RESPONSE, dtype=torch.long)
+    for i in range(N):
+        p, r = int(prompt_lens[i]), int(response_lens[i])
+        prompts[i, PROMPT - p :] = torch.randint(1, vocab, (p,), generator=g)
+        responses[i, :r] = torch.randint(1, vocab, (r,), generator=g)
+        mask[i, PROMPT - p : PROMPT + r] = 1
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": mask,
+            "response_mask": mask[:, PROMPT:].float(),
+        }
+    )
+
+
+def hf_reference(hf_dir: str, batch: Batch) -> dict[str, torch.Tensor]:
+    """Per-token log-probs and entropy of the responses, and values/scores of a scalar-head model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    scalar = "ForSequenceClassification" in AutoConfig.from_pretrained(hf_dir).architectures[0]
+    cls = AutoModelForSequenceClassification if scalar else AutoModelForCausalLM
+    model = cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    out = {k: torch.zeros(N, RESPONSE) for k in ("log_probs", "entropy", "values")}
+    out["scores"] = torch.zeros(N)
+    with torch.no_grad():
+        for i in range(N):
+            real = batch["input_ids"][i][batch["attention_mask"][i].bool()]
+            p = int(batch["attention_mask"][i, :PROMPT].sum())
+            r = len(real) - p
+            if scalar:
+                token_scores = model.score(model.model(input_ids=real[None]).last_hidden_state)[0, :, 0]
+                out["values"][i, :r] = token_scores[p - 1 : p - 1 + r]
+                out["scores"][i] = token_scores[-1]
+            else:
+                logp = torch.log_softmax(model(input_ids=real[None]).logits[0].float(), dim=-1)
+                rows = logp[p - 1 : p - 1 + r]
+                out["log_probs"][i, :r] = rows.gather(1, real[p:, None])[:, 0]
+                out["entropy"][i, :r] = -(rows.exp() * rows).sum(-1)
+    return out
+
+
+def config(policy: str, reward: str, tp: int, pp: int, **batching) -> MegarlConfig:
+    cfg = MegarlConfig()
+    cfg.model.path, cfg.model.dtype = policy, "fp32"
+    cfg.critic.model_path = reward  # a reward checkpoint has a trained head: its values are checkable
+    cfg.reward.model_path = reward
+    for role in (cfg.actor, cfg.critic, cfg.reward):
+        role.parallel.tp, role.parallel.pp = tp, pp
+        role.micro_batch_size = batching.get("micro_batch_size", 2)
+        role.max_tokens_per_micro_batch = batching.get("max_tokens")
+    cfg.ref.micro_batch_size = 1
+    for opt in (cfg.actor.optimizer, cfg.critic.optimizer):
+        opt.lr, opt.weight_decay, opt.clip_grad = 1e-3, 0.0, 0.0
+        opt.use_distributed_optimizer = False
+    cfg.critic.optimizer.lr = 1e-4  # a regression target: small steps fall monotonically
+    algo = cfg.algorithm
+    algo.ppo_mini_batch_size, algo.ppo_epochs = N, 1
+    return cfg
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, rm_ref: dict) -> dict:
+    tp, pp = LAYOUTS[name]
+    out: dict = {}
+    mask = batch["response_mask"]
+
+    actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": config(policy, reward, tp, pp), "role": "actor"})
+    reference = SPMDWorkerGroup(PolicyWorker, "ref", {"cfg": config(policy, reward, tp, pp), "role": "ref"})
+    lp = actor.log_prob(batch)
+    out["log_prob_max_abs_diff"] = max_diff(lp["old_log_probs"], ref["log_probs"])
+    out["entropy_max_abs_diff"] = max_diff(lp["entropy"], ref["entropy"])
+    out["ref_equals_actor"] = max_diff(reference.ref_log_prob(batch)["ref_log_prob"], lp["old_log_probs"])
+
+    # One optimizer step on a fixed batch; at the start ratio = 1, so the PPO loss is -token_mean(A).
+    advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask
+    train = batch.union(Batch(tensors={"old_log_probs": lp["old_log_probs"], "advantages": advantages}))
+    metrics = actor.update(train)[0]
+    out["pg_loss"] = metrics["actor/pg_loss"]
+    out["hand_pg_loss"] = -(advantages.sum() / mask.sum()).item()
+    out["grad_norm"] = metrics["grad_norm"]
+    after = actor.log_prob(batch)["old_log_probs"]
+    out["surrogate_after"] = ppo_clip_loss(after, lp["old_log_probs"], advantages, mask, 0.2, 0.2)[0].item()
+
+    critic = SPMDWorkerGroup(CriticWorker, "critic", {"cfg": config(policy, reward, tp, pp)})
+    values = critic.values(batch)["values"]
+    out["values_max_abs_diff"] = max_diff(values, rm_ref["values"])
+    returns = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(2)) * mask
+    value_losses = []
+    for _ in range(4):
+        value_losses.append(
+            critic.update(batch.union(Batch(tensors={"values": values, "returns": returns})))[0]
+        )
+    out["value_losses"] = [m["critic/vf_loss"] for m in value_losses]
+    out["critic_grad_norm"] = value_losses[0]["grad_norm"]
+
+    rm = SPMDWorkerGroup(RewardModelWorker, "reward", {"cfg": config(policy, reward, tp, pp)})
+    out["rm_score_max_abs_diff"] = max_diff(rm.score(batch)["rm_scores"], rm_ref["scores"])
+    return out
+
+
+def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -> dict:
+    """tp2 (dp2): packed token-budget micro-batches and micro-batch size 1 match size-2 padded ones."""
+    advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask
+    out = {}
+    for label, batching in {"mbs1": {"micro_batch_size": 1}, "packed": {"max_tokens": 40}}.items():
+        actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": config(policy, reward, 2, 1, **batching)})
+        lp = actor.log_prob(batch)["old_log_probs"]
+        train = batch.union(Batch(tensors={"old_log_probs": lp, "advantages": advantages}))
+        metrics = actor.update(train)[0]
+        out[label] = {"log_probs": lp, "pg_loss": metrics["actor/pg_loss"], "grad_norm": metrics["grad_norm"]}
+    return out
+
+
+def main() -> int:
+    policy, reward = sys.argv[1], sys.argv[2]
+    from transformers import AutoConfig
+
+    batch = rollout_batch(AutoConfig.from_pretrained(policy).vocab_size)
+    ref, rm_ref = hf_reference(policy, batch), hf_reference(reward, batch)
+    results = {name: check_layout(name, policy, reward, batch, ref, rm_ref) for name in LAYOUTS}
+    batching = check_batching(policy, reward, batch, batch["response_mask"])
+    results["batching"] = {
+        label: {
+            "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
+            "pg_loss": b["pg_loss"],
+            "grad_norm": b["grad_norm"],
+        }
+        for label, b in batching.items()
+    }
+    if dist.get_rank() == 0:
+        report(results)
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

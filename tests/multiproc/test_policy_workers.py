@@ -1,0 +1,69 @@
+"""Megatron policy, reference, critic and reward-model workers on 4 ranks against transformers fp32.
+
+One torchrun launch (tests/multiproc/policy_checks.py) runs every layout; the tests read its report.
+"""
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]
+LOG_PROB_TOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def checks(torchrun, tiny_models, tiny_reward_models):
+    args = [tiny_models["qwen2"], tiny_reward_models["llama"]]
+    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=300).results[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_log_prob_and_entropy_match_transformers_fp32(checks, layout):
+    assert checks[layout]["log_prob_max_abs_diff"] <= LOG_PROB_TOL
+    assert checks[layout]["entropy_max_abs_diff"] <= LOG_PROB_TOL
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_colocated_reference_gives_the_same_log_probs_before_training(checks, layout):
+    # the reference runs one sequence per micro-batch, the actor two: op order differs slightly
+    assert checks[layout]["ref_equals_actor"] <= 1e-5
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_first_update_loss_is_minus_the_token_mean_advantage(checks, layout):
+    # old_log_probs = current log-probs, so every ratio is 1 and nothing is clipped.
+    assert checks[layout]["pg_loss"] == pytest.approx(checks[layout]["hand_pg_loss"], abs=1e-6)
+
+
+def test_update_gives_the_same_loss_and_grad_norm_for_every_layout(checks):
+    base = checks["tp1pp1"]
+    for layout in LAYOUTS[1:]:
+        assert checks[layout]["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-6), layout
+        assert checks[layout]["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5), layout
+        assert checks[layout]["critic_grad_norm"] == pytest.approx(base["critic_grad_norm"], rel=1e-5), layout
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_update_lowers_the_surrogate_loss(checks, layout):
+    assert checks[layout]["surrogate_after"] < checks[layout]["pg_loss"] - 1e-3
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_critic_values_match_transformers_and_value_loss_falls(checks, layout):
+    assert checks[layout]["values_max_abs_diff"] <= LOG_PROB_TOL
+    losses = checks[layout]["value_losses"]
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.9 * losses[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_megatron_reward_model_scores_the_last_token_like_transformers(checks, layout):
+    assert checks[layout]["rm_score_max_abs_diff"] <= LOG_PROB_TOL
+
+
+@pytest.mark.parametrize("batching", ["mbs1", "packed"])
+def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batching):
+    got, base = checks["batching"][batching], checks["tp2pp1"]
+    assert got["log_prob_max_abs_diff"] <= LOG_PROB_TOL
+    assert got["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)

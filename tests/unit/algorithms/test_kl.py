@@ -1,0 +1,105 @@
+"""KL estimators, the in-reward penalty and the KL coefficient controllers, against their formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from megarl.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    build_kl_controller,
+    kl_penalty,
+)
+from tests.unit.algorithms.conftest import LENGTHS, RESPONSE_LEN, randn
+
+pytestmark = pytest.mark.unit
+
+LOGP = [-0.5, -2.0, -1.0, -30.0, -0.1]
+REF = [-0.7, -1.0, -1.0, -0.2, -40.0]  # the last two differ by ~30 and ~40 nats: low_var_kl clamps
+
+
+def k3(logp: float, ref: float) -> float:
+    d = ref - logp
+    return math.exp(d) - d - 1
+
+
+FORMULAS = {
+    "k1": lambda lp, r: lp - r,
+    "k2": lambda lp, r: 0.5 * (lp - r) ** 2,
+    "k3": k3,
+    "low_var_kl": lambda lp, r: min(max(k3(lp, r), -10.0), 10.0),
+}
+
+
+@pytest.mark.parametrize("estimator", list(FORMULAS))
+def test_estimators_match_formulas(estimator):
+    got = kl_penalty(
+        torch.tensor(LOGP, dtype=torch.float64), torch.tensor(REF, dtype=torch.float64), estimator
+    )
+    expected = [FORMULAS[estimator](lp, r) for lp, r in zip(LOGP, REF)]
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+def test_low_var_kl_gradient_stays_finite_far_from_the_reference():
+    logp = torch.tensor([-200.0, 0.0, -1.0], requires_grad=True)
+    ref = torch.tensor([0.0, -200.0, -1.2])
+    kl = kl_penalty(logp, ref, "low_var_kl")
+    kl.sum().backward()
+    assert kl[0].item() == 10.0 and torch.isfinite(logp.grad).all()
+    # in range, d/dlogp of exp(ref − logp) − (ref − logp) − 1 = 1 − exp(ref − logp)
+    assert logp.grad[2].item() == pytest.approx(1 - math.exp(-0.2), rel=1e-6)
+
+
+def test_unknown_estimator_is_named():
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; use one of k1, k2, k3, low_var_kl"):
+        kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+
+
+def test_apply_kl_penalty_only_touches_real_tokens(gen, mask):
+    rewards, kl = randn(gen, len(LENGTHS), RESPONSE_LEN), randn(gen, len(LENGTHS), RESPONSE_LEN).abs()
+    penalised, mean_kl = apply_kl_penalty(rewards, kl, mask, coef=0.05)
+    expected, real = [], []
+    for r_row, k_row, n in zip(rewards.tolist(), kl.tolist(), LENGTHS):
+        expected.append([r - 0.05 * k if t < n else r for t, (r, k) in enumerate(zip(r_row, k_row))])
+        real += k_row[:n]
+    torch.testing.assert_close(penalised, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    assert mean_kl.item() == pytest.approx(sum(real) / len(real), rel=1e-12)
+
+
+def test_fixed_controller_never_moves():
+    ctrl = FixedKLController(0.01)
+    ctrl.update(5.0, n_steps=256)
+    assert ctrl.value == 0.01 and ctrl.state_dict() == {"value": 0.01}
+
+
+def test_adaptive_controller_follows_ziegler_and_resumes():
+    kls = [0.3, 0.05, 0.11, 0.0, 0.1, 0.5]
+    expected, coef = [], 0.2
+    for kl in kls:
+        error = min(max(kl / 0.1 - 1, -0.2), 0.2)
+        coef *= 1 + error * 64 / 1000
+        expected.append(coef)
+    ctrl = AdaptiveKLController(0.2, target_kl=0.1, horizon=1000)
+    seen = []
+    for kl in kls[:3]:
+        ctrl.update(torch.tensor(kl, dtype=torch.float64), n_steps=64)
+        seen.append(ctrl.value)
+    resumed = build_kl_controller("adaptive", 123.0, target_kl=0.1, horizon=1000)
+    resumed.load_state_dict(ctrl.state_dict())
+    for kl in kls[3:]:
+        resumed.update(kl, n_steps=64)
+        seen.append(resumed.value)
+    assert seen == pytest.approx(expected, rel=1e-14)
+    assert expected[0] == pytest.approx(0.2 * (1 + 0.2 * 0.064))  # error clipped at +0.2
+
+
+def test_build_kl_controller_names():
+    assert type(build_kl_controller("fixed", 0.1)) is FixedKLController
+    with pytest.raises(ValueError, match="use one of fixed, adaptive"):
+        build_kl_controller("pid", 0.1)
+    with pytest.raises(ValueError, match="must both be > 0"):
+        AdaptiveKLController(0.1, target_kl=0.0, horizon=10)
