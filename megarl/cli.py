@@ -138,6 +138,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return dispatch.main(["--out", args.out, "--repeats", str(args.repeats)])
 
 
+def cmd_bench_microbatch(args: argparse.Namespace) -> int:
+    from megarl.bench import microbatch
+
+    print(json.dumps(microbatch.run(args), indent=2))
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from megarl.quickstart import run_quickstart
 
@@ -202,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dispatch.add_argument("--out", default="outputs/bench/dispatch.json")
     bench_dispatch.add_argument("--repeats", type=int, default=5)
     bench_dispatch.set_defaults(func=cmd_bench)
+    bench_microbatch = bench.add_parser("microbatch", help="policy worker: padded vs packed micro-batches")
+    from megarl.bench.microbatch import add_arguments as microbatch_arguments
+
+    microbatch_arguments(bench_microbatch)
+    bench_microbatch.set_defaults(func=cmd_bench_microbatch)
 
     quick = sub.add_parser("quickstart", help="build, convert, round-trip and verify a tiny model")
     quick.add_argument("--out", default="outputs/quickstart")

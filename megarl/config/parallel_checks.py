@@ -50,7 +50,8 @@ def load_dims(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> dict
         paths["critic"] = (
             ("critic.model_path", cfg.critic.model_path) if cfg.critic.model_path else paths["actor"]
         )
-    if cfg.reward.enable and cfg.reward.model_path:
+    # an hf-backend RM is any transformers classifier: no decoder dims to check
+    if cfg.reward.enable and cfg.reward.model_path and cfg.reward.backend == "megatron":
         paths["reward"] = ("reward.model_path", cfg.reward.model_path)
     dims: dict[str, ModelDims] = {}
     read: dict[str, ModelDims | None] = {}

@@ -24,6 +24,8 @@ KlController = Literal["fixed", "adaptive"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PolicyLoss = Literal["vanilla", "gspo"]
 RolloutEngine = Literal["vllm"]
+RewardBackend = Literal["megatron", "hf"]
+RewardKind = Literal["classifier", "embedding_similarity"]
 Launcher = Literal["ray", "torchrun"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 
@@ -42,7 +44,6 @@ class ModelConfig:
     tokenizer_path: str | None = None  # tokenizer dir; None = same as path
     dtype: Dtype = "bf16"  # parameter/compute dtype: "fp32" | "bf16" | "fp16" (use fp32 on CPU)
     make_vocab_size_divisible_by: int = 128  # pad the vocab to a multiple of this × TP (Megatron rule)
-    use_remove_padding: bool = True  # pack sequences without pad tokens (THD layout) for train forwards
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     trust_remote_code: bool = False  # allow custom modelling code shipped with the HF checkpoint
 
@@ -77,8 +78,13 @@ class RoleConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # this role's Megatron layout
     n_devices: int | None = None  # devices (processes) of the cluster this role uses; None = all
     micro_batch_size: int = 1  # sequences per forward/backward micro-batch on each data-parallel rank
-    max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch; None = micro_batch_size
+    # token budget per micro-batch: whole sequences are packed into one row of at most this many tokens
+    # (no padding; THD layout where Transformer Engine runs). None = micro_batch_size padded sequences
+    max_tokens_per_micro_batch: int | None = None
     offload_params: bool = False  # keep parameters in CPU memory while the role is idle
+    # where offloaded state goes: None = host memory (pinned; frees GPU memory), or a directory (files,
+    # NVMe-offload style: the only target that frees memory on a CPU-only machine)
+    offload_dir: str | None = None
 
 
 @dataclass
@@ -111,6 +117,16 @@ class RefConfig:
 class RewardModelConfig(RoleConfig):
     enable: bool | None = None  # None = auto: on when model_path is set; off = rule rewards on the driver
     model_path: str | None = None  # HF checkpoint of the reward model (Megatron RM or sequence classifier)
+    # "megatron": a *ForSequenceClassification RM of a supported decoder family (Llama/Mistral/Qwen2/Qwen3)
+    # on megatron-core with this role's TP/PP, scoring the policy's tokens; "hf": any transformers
+    # AutoModelForSequenceClassification (DeBERTa, BERT, ...) or sentence-embedding model, data-parallel,
+    # re-tokenising the decoded text with its own tokenizer
+    backend: RewardBackend = "megatron"
+    # hf backend: "classifier" (the model's logit) | "embedding_similarity" (cosine similarity of the
+    # response to the row's ground_truth text, mean-pooled embeddings)
+    kind: RewardKind = "classifier"
+    max_length: int = 512  # hf backend: tokens per scored text at most (also capped by the model's limit)
+    label_index: int = 0  # hf backend: which logit is the reward when the classifier has several labels
 
 
 @dataclass
@@ -126,16 +142,38 @@ class DataConfig:
 
 
 @dataclass
-class RolloutConfig:
-    engine: RolloutEngine = "vllm"  # generation engine
-    tp: int = 1  # generation tensor-parallel size (t_g); divides actor.parallel.tp and key/value heads
+class SamplingConfig:
+    """How one generation call samples. Training rollouts use the `rollout.*` fields, evaluation
+    `rollout.val.*`. The engine returns each sampled token's log-prob under the distribution it was drawn
+    from: softmax(logits / temperature) restricted to top_k/top_p (plain softmax when greedy)."""
+
     n: int = 1  # samples per prompt (GRPO/RLOO need ≥ 2)
     temperature: float = 1.0  # sampling temperature; 0 = greedy
     top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
     top_k: int = -1  # sample from the k most likely tokens; -1 or 0 = disabled
+    max_tokens: int | None = None  # tokens generated per sample at most; None = data.max_response_length
+    # token ids that end a sample (besides the tokenizer's EOS, which always does); the stop token is
+    # kept as the response's last token
+    stop_token_ids: list[int] = field(default_factory=list)
+    # strings that end a sample once the decoded response contains one; the tokens spelling it are kept
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RolloutConfig(SamplingConfig):
+    """The generation engine, and (inherited from SamplingConfig) how training rollouts are sampled."""
+
+    engine: RolloutEngine = "vllm"  # generation engine
+    tp: int = 1  # generation tensor-parallel size (t_g); divides actor.parallel.tp and key/value heads
+    # base of the per-request sampling seeds (each generate call and each prompt gets its own, derived
+    # from this, the generation replica and the call count); None = trainer.seed
+    seed: int | None = None
+    # evaluation sampling (data.val_files): greedy, one sample per prompt unless set
+    val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
     max_num_seqs: int = 256  # sequences the engine schedules at once
     gpu_memory_utilization: float = 0.5  # fraction of device memory the engine may use, in (0, 1]
-    kv_cache_memory_bytes: int | None = None  # exact KV-cache size in bytes; overrides the fraction
+    # exact KV-cache size in bytes; overrides the fraction. Required on CPU (the fraction would be of RAM)
+    kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False  # disable CUDA graphs (slower, faster start-up, less memory)
 
 

@@ -220,6 +220,16 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
                 f"algorithm.{flag}=true needs the reference model but ref.enable=false; "
                 f"set ref.enable=true or algorithm.{flag}=false"
             )
+    r = cfg.reward
+    if r.enable and r.backend == "hf" and (r.parallel.tp, r.parallel.pp, r.parallel.cp) != (1, 1, 1):
+        problems.append(
+            f"reward.backend=hf runs the classifier data-parallel only, but reward.parallel has tp={r.parallel.tp}, "
+            f"pp={r.parallel.pp}, cp={r.parallel.cp}; set them to 1 or use reward.backend=megatron"
+        )
+    if r.enable and r.backend == "megatron" and r.kind != "classifier":
+        problems.append(
+            f"reward.kind={r.kind} needs reward.backend=hf (a sentence-embedding model runs in transformers)"
+        )
     if cfg.reward.enable and not cfg.reward.model_path:
         problems.append(
             "reward.enable=true but reward.model_path is not set; set reward.model_path=/path/to/reward_model "

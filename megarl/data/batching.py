@@ -61,14 +61,19 @@ def balanced_partition(lengths: Sequence[int], k: int, equal_size: bool = False)
     return result
 
 
-def dp_balance_order(lengths: Sequence[int], dp_size: int, equal_size: bool = True) -> list[int]:
-    """A permutation of the batch rows such that its contiguous split into `dp_size` chunks is token-balanced.
+def dp_balance_order(lengths: Sequence[int], dp_size: int) -> list[int]:
+    """A permutation of the batch rows such that its contiguous split into `dp_size` equal chunks is
+    token-balanced: reorder the batch with it (`batch.reorder(order)`) before dispatching, and rank r
+    receives the r-th balanced part. Needs len(lengths) divisible by dp_size."""
+    return [i for part in balanced_partition(lengths, dp_size, equal_size=True) for i in part]
 
-    Reorder the batch with it (`batch.reorder(order)`) before dispatching: rank r then receives the r-th
-    balanced part. With `equal_size=False` parts may differ in row count, so the permutation only lines up
-    with a split by the part sizes of `balanced_partition`, not with `Batch.chunk`.
-    """
-    return [i for part in balanced_partition(lengths, dp_size, equal_size=equal_size) for i in part]
+
+def balance_for_dp(batch, dp_size: int):
+    """`batch` reordered so every data-parallel rank gets about the same number of real tokens
+    (attention_mask row sums); returns (reordered batch, order) — `order[i]` is the original row of
+    row i, so per-row results map back with `out[order] = result`."""
+    order = dp_balance_order(batch["attention_mask"].sum(-1).tolist(), dp_size)
+    return batch.reorder(order), order
 
 
 def micro_batches_by_count(n: int, micro_batch_size: int) -> list[list[int]]:

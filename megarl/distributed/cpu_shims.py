@@ -90,6 +90,11 @@ def _apply_rng() -> None:
     _originals.setdefault("rng", mrandom.CudaRNGStatesTracker)
     mrandom.CudaRNGStatesTracker = _cpu_tracker_class()
     mrandom.initialize_rng_tracker(force_reset=True)
+    # Activation recomputation saves and restores "the CUDA generator" around each recomputed layer.
+    _swap(mrandom, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state(), "rng_get")
+    _swap(
+        mrandom, "_set_cuda_rng_state", lambda state, *args, **kwargs: torch.set_rng_state(state), "rng_set"
+    )
 
 
 def _remove_rng() -> None:
@@ -98,6 +103,8 @@ def _remove_rng() -> None:
     if "rng" in _originals:
         mrandom.CudaRNGStatesTracker = _originals.pop("rng")
         mrandom.initialize_rng_tracker(force_reset=True)
+    _restore(mrandom, "_get_cuda_rng_state", "rng_get")
+    _restore(mrandom, "_set_cuda_rng_state", "rng_set")
 
 
 # --- cuda_literal: schedules, optimizer and default masks write device="cuda" literally ------------
@@ -199,6 +206,27 @@ def _remove_sp_norm() -> None:
     _restore(torch_norm.WrappedTorchNorm, "__new__", "sp_norm")
 
 
+# --- recompute_mask: activation recomputation rebuilds the causal mask inside backward --------------
+# The cuda_literal mode cannot help there: a TorchFunctionMode is switched off while it handles a call,
+# and Tensor.backward is such a call, so the recomputed forward runs without it.
+
+
+def _cpu_causal_mask(sq: int) -> torch.Tensor:
+    return torch.triu(torch.ones(sq, sq, device=_CPU), diagonal=1).bool()
+
+
+def _apply_recompute_mask() -> None:
+    from megatron.core.fusions import fused_softmax
+
+    _swap(fused_softmax, "get_default_causal_mask", _cpu_causal_mask, "recompute_mask")
+
+
+def _remove_recompute_mask() -> None:
+    from megatron.core.fusions import fused_softmax
+
+    _restore(fused_softmax, "get_default_causal_mask", "recompute_mask")
+
+
 SHIMS: dict[str, Shim] = {
     s.name: s
     for s in (
@@ -208,7 +236,12 @@ SHIMS: dict[str, Shim] = {
             _apply_current_device,
             _remove_current_device,
         ),
-        Shim("rng", "any model (the TP-region RNG is forked even at dropout 0)", _apply_rng, _remove_rng),
+        Shim(
+            "rng",
+            "any model (the TP-region RNG is forked even at dropout 0); activation recomputation",
+            _apply_rng,
+            _remove_rng,
+        ),
         Shim(
             "cuda_literal",
             "pipeline schedules, optimizer, default causal mask",
@@ -223,6 +256,12 @@ SHIMS: dict[str, Shim] = {
             _remove_cuda_type_str,
         ),
         Shim("sp_norm", "sequence parallelism with the torch norm", _apply_sp_norm, _remove_sp_norm),
+        Shim(
+            "recompute_mask",
+            "activation recomputation (gradient checkpointing)",
+            _apply_recompute_mask,
+            _remove_recompute_mask,
+        ),
     )
 }
 
@@ -230,7 +269,7 @@ _applied: set[str] = set()
 _deferred: set[str] = set()
 # These patch megatron modules; importing megatron costs ~5 s per process, so a process that never
 # builds a model (a Ray worker answering `coordinates`) should not pay for it.
-_NEEDS_MEGATRON = ("rng", "sp_norm")
+_NEEDS_MEGATRON = ("rng", "sp_norm", "recompute_mask")
 
 
 def apply_cpu_shims(skip: tuple[str, ...] = ()) -> list[str]:

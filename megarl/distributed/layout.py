@@ -83,18 +83,13 @@ class ParallelLayout:
     def generation_coordinates(self, rank: int, rollout_tp: int) -> tuple[int, int]:
         """(generation DP rank, generation TP rank) of `rank` when the rollout engine runs at TP=rollout_tp.
 
-        3D-HybridEngine grouping (DESIGN §5): every PP stage of every training replica holds all layers
-        for generation; inside each training TP group the generation TP groups take ranks at stride
-        tp/rollout_tp, so ranks that differ only in tp // stride form one generation replica.
+        The 3D-HybridEngine's grouping (DESIGN §5) lives in megarl.hybrid.plan.GenerationPlan.
         """
-        if rollout_tp < 1 or self.tp % rollout_tp:
-            raise LayoutError(f"rollout tp={rollout_tp} must divide the training tp={self.tp}")
-        if self.cp > 1:
-            raise LayoutError("generation layouts with context parallelism are not supported")
-        c = self.coordinates(rank)
-        stride = self.tp // rollout_tp
-        per_replica = self.pp * stride
-        return c.dp * per_replica + c.pp * stride + c.tp % stride, c.tp // stride
+        # Imported here: the plan builds on this module (rank order lives here, generation grouping there).
+        from megarl.hybrid.plan import GenerationPlan
+
+        plan = GenerationPlan.for_layout(self, rollout_tp)
+        return plan.gen_dp_rank(rank), plan.gen_tp_rank(rank)
 
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]

@@ -37,12 +37,13 @@ def build_model_chunks(
     dtype: str = "fp32",
     make_vocab_size_divisible_by: int = 128,
     padded_vocab: int | None = None,
+    recompute: bool = False,
 ) -> list[torch.nn.Module]:
     """The GPTModel chunks (one per virtual pipeline stage) of this rank; megatron must be initialised."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    config = arch.transformer_config(layout, dtype)
+    config = arch.transformer_config(layout, dtype, recompute)
     spec = layer_spec(arch)
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, layout.tp)
     chunks = []

@@ -135,8 +135,9 @@ class ModelArchitecture:
         """The same backbone with a value head instead of the LM head (critic from a policy checkpoint)."""
         return dataclasses.replace(self, head="scalar")
 
-    def transformer_config(self, layout: ParallelLayout, dtype: str = "fp32"):
-        """The megatron TransformerConfig for this architecture under `layout`."""
+    def transformer_config(self, layout: ParallelLayout, dtype: str = "fp32", recompute: bool = False):
+        """The megatron TransformerConfig for this architecture under `layout`; `recompute` re-runs every
+        layer's forward in backward instead of keeping its activations (gradient checkpointing)."""
         from megatron.core.transformer import TransformerConfig
 
         torch_dtype = DTYPES[dtype]
@@ -181,6 +182,9 @@ class ModelArchitecture:
             # per-shard ("gpu") path does it without materialising full weights on every rank.
             use_cpu_initialization=False,
             perform_initialization=True,
+            recompute_granularity="full" if recompute else None,
+            recompute_method="uniform" if recompute else None,
+            recompute_num_layers=1 if recompute else None,
         )
 
     def gpt_model_kwargs(self, padded_vocab: int) -> dict[str, Any]:

@@ -52,8 +52,9 @@ class TrainOptimizer:
     def step(self) -> dict[str, float | bool]:
         """Clip, update and advance the LR schedule (only if the update happened: fp16 overflow skips).
 
-        Returns grad_norm (global L2 norm before clipping), lr (the rate this update used),
-        update_successful, and num_zeros when the optimizer was built with log_num_zeros=True.
+        Returns grad_norm (global L2 norm before clipping; NaN when the update was skipped), lr (the
+        rate this update used), update_successful, and num_zeros (zeros in the gradient) when the
+        optimizer was built with log_num_zeros=True.
         """
         lr = self.lr
         update_successful, grad_norm, num_zeros = self.optimizer.step()
@@ -93,9 +94,9 @@ def build_optimizer(
         raise ValueError("build_optimizer needs DDP-wrapped chunks: call megarl.models.ddp.wrap_ddp first")
     if ddp_config.use_distributed_optimizer != cfg.use_distributed_optimizer:
         raise ValueError(
-            f"optimizer use_distributed_optimizer={cfg.use_distributed_optimizer} but the chunks were wrapped "
-            f"with use_distributed_optimizer={ddp_config.use_distributed_optimizer}; pass the same value "
-            "to wrap_ddp"
+            f"optimizer use_distributed_optimizer={cfg.use_distributed_optimizer} but the chunks were "
+            f"wrapped with use_distributed_optimizer={ddp_config.use_distributed_optimizer}; pass the same "
+            "value to wrap_ddp"
         )
     decay_steps = lr_decay_steps(cfg, total_steps)
 

@@ -14,13 +14,16 @@ split — DP, micro-batch size, token budget — then gives the same loss and gr
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig
+from megarl.controller.dispatch import Dispatch, register
 from megarl.controller.worker import Worker
 from megarl.data.batching import micro_batches_by_count, micro_batches_by_tokens
 from megarl.distributed.backend import device
@@ -63,8 +66,10 @@ class MegatronWorker(Worker):
         self.cfg, self.role = cfg, role
         self.role_cfg = getattr(cfg, _ROLE_SECTIONS[role])
         self.arch = self._architecture()
+        self.optimizer_wanted = trainable
         self.chunks = self._load_chunks()
         self.optimizer = None
+        self.offloaded: list[str] = []
         if trainable:
             from megarl.models.ddp import wrap_ddp
             from megarl.models.optimizer import build_optimizer
@@ -93,8 +98,13 @@ class MegatronWorker(Worker):
     def _load_chunks(self) -> list[torch.nn.Module]:
         from megatron.core import parallel_state
 
+        model = self.cfg.model
         chunks = build_model_chunks(
-            self.arch, self.layout, self.cfg.model.dtype, self.cfg.model.make_vocab_size_divisible_by
+            self.arch,
+            self.layout,
+            model.dtype,
+            model.make_vocab_size_divisible_by,
+            recompute=model.gradient_checkpointing and self.optimizer_wanted,
         )
         chunks = [chunk.to(device()) for chunk in chunks]
         load_hf_into_chunks(
@@ -105,6 +115,67 @@ class MegatronWorker(Worker):
             self.layout.tp,
         )
         return chunks
+
+    # ---- offload -------------------------------------------------------------------------------------
+
+    @register(Dispatch.ONE_TO_ALL)
+    def offload(self, params: bool | None = None, grads: bool | None = None, optimizer: bool | None = None):
+        """Move parameters / gradients / optimizer state off the compute device (None = this role's
+        offload_params / offload_grads / offload_optimizer setting). Returns one report dict per state:
+        bytes moved and the device memory (GPU allocated, or RSS on CPU) before and after."""
+        from megarl.hybrid import offload as off
+
+        target = self._offload_target()
+        wanted = {
+            "params": self.role_cfg.offload_params if params is None else params,
+            "grads": getattr(self.role_cfg, "offload_grads", False) if grads is None else grads,
+            "optimizer": getattr(self.role_cfg, "offload_optimizer", False)
+            if optimizer is None
+            else optimizer,
+        }
+        if self.optimizer is None and (grads or optimizer):
+            raise ValueError(
+                f"the {self.role} role is frozen: it has no gradients or optimizer state to offload"
+            )
+        actions = {
+            "optimizer": lambda: off.offload_optimizer(self.optimizer, target),
+            "grads": lambda: off.offload_grads(self.chunks, target),
+            "params": lambda: off.offload_params(self.chunks, target),
+        }
+        reports = []
+        for state, action in actions.items():
+            if wanted[state] and state not in self.offloaded and (state == "params" or self.optimizer):
+                reports.append(_report_dict(action()))
+                self.offloaded.append(state)
+        return reports
+
+    @register(Dispatch.ONE_TO_ALL)
+    def reload(self) -> list[dict]:
+        """Bring back everything `offload` moved, bit-exact; returns one report dict per state."""
+        from megarl.hybrid import offload as off
+
+        actions = {
+            "params": lambda: off.reload_params(self.chunks),
+            "grads": lambda: off.reload_grads(self.chunks),
+            "optimizer": lambda: off.reload_optimizer(self.optimizer),
+        }
+        reports = [_report_dict(actions[state]()) for state in reversed(self.offloaded)]
+        self.offloaded = []
+        return reports
+
+    def _offload_target(self):
+        from megarl.hybrid.offload import DiskFiles, HostMemory
+
+        directory = (self.cfg.actor if self.role == "ref" else self.role_cfg).offload_dir
+        if directory is None:
+            return HostMemory()
+        return DiskFiles(os.path.join(directory, f"{self.role}-rank{self.env.rank}"))
+
+    def _check_loaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError(
+                f"the {self.role} role's {', '.join(self.offloaded)} are offloaded; call reload() first"
+            )
 
     # ---- micro-batches -------------------------------------------------------------------------------
 
@@ -155,6 +226,7 @@ class MegatronWorker(Worker):
         name); returns {name: [n, *shape]} on every rank of the replica (broadcast over PP)."""
         from megatron.core import parallel_state as ps
 
+        self._check_loaded()
         n = len(seqs)
         mbs = self.microbatches(seqs, list(range(n)))
 
@@ -203,6 +275,7 @@ class MegatronWorker(Worker):
         Returns metrics averaged over the optimizer steps (every rank returns the same)."""
         from megatron.core import parallel_state as ps
 
+        self._check_loaded()
         n = len(seqs)
         if mini_batch_size <= 0 or n % mini_batch_size:
             raise ValueError(
@@ -235,7 +308,12 @@ class MegatronWorker(Worker):
                 metrics = self._sum_over_replica(outs, dp_group)
                 metrics.update({k: float(v) for k, v in step.items() if isinstance(v, int | float | bool)})
                 history.append(metrics)
-        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        # a skipped update (fp16 overflow) has no grad norm: average what was measured
+        merged = {}
+        for key in history[0]:
+            values = [h[key] for h in history if math.isfinite(h[key])]
+            merged[key] = sum(values) / len(values) if values else float("nan")
+        return merged
 
     def _sum_over_replica(self, outs: list[dict], dp_group) -> dict[str, float]:
         """Sum micro-batch metrics over micro-batches and DP ranks; every rank gets the values."""
@@ -257,3 +335,7 @@ class MegatronWorker(Worker):
         totals = self._from_last_stage(totals)
         dist.all_reduce(totals, group=dp_group)
         return {name: totals[i].item() for i, name in enumerate(names)}
+
+
+def _report_dict(report) -> dict:
+    return {**asdict(report), "device_bytes_freed": report.device_bytes_freed}

@@ -1,10 +1,11 @@
 """RewardModelWorker: a megatron scalar-head reward model (HF `*ForSequenceClassification`, one label).
 
-    score(batch) -> Batch(rm_scores [n]): the head's output at the last real token of prompt ‖ response,
+    compute_rm_score(batch) -> Batch(rm_scores [n]): the head's output at the last real token of prompt ‖ response,
     which is what transformers' sequence classifiers pool.
 
 For reward models in another architecture (a DeBERTa/BERT classifier with its own tokenizer), use
-`megarl.workers.reward_hf.HFRewardWorker`, which re-tokenises the decoded text.
+`megarl.workers.reward_hf.HFRewardWorker`, which re-tokenises the decoded text; `reward_worker(cfg)`
+picks one from `reward.backend`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class RewardModelWorker(MegatronWorker):
         return arch
 
     @register(Dispatch.DP_COMPUTE)
-    def score(self, batch: Batch) -> Batch:
+    def compute_rm_score(self, batch: Batch) -> Batch:
         seqs = sequences_from_batch(batch)
         out = self.forward_rows(
             seqs,
@@ -42,3 +43,21 @@ class RewardModelWorker(MegatronWorker):
             {"rm_scores": ()},
         )
         return Batch(tensors=out)
+
+
+def reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
+    """(worker class, constructor kwargs) of the reward-model group that `cfg.reward` describes."""
+    r = cfg.reward
+    if r.backend == "megatron":
+        return RewardModelWorker, {"cfg": cfg}
+    from megarl.workers.reward_hf import HFRewardWorker
+
+    return HFRewardWorker, {
+        "model_path": r.model_path,
+        "policy_tokenizer_path": cfg.model.tokenizer_path or cfg.model.path,
+        "kind": r.kind,
+        "max_length": r.max_length,
+        "micro_batch_size": r.micro_batch_size,
+        "label_index": r.label_index,
+        "dtype": cfg.model.dtype,
+    }

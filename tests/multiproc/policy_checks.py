@@ -1,12 +1,13 @@
 """Rank code for test_policy_workers: the Megatron policy, critic and reward workers on 4 ranks.
 
-argv: POLICY_HF REWARD_HF. For every layout it builds the workers through SPMDWorkerGroup (the same
+argv: POLICY_HF REWARD_HF layouts|batching. For every layout it builds the workers through SPMDWorkerGroup (the same
 dispatch as Ray), and rank 0 reports per-layout numbers against transformers fp32 references.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,8 @@ import torch.distributed as dist
 from megarl.algorithms.policy_loss import ppo_clip_loss
 from megarl.config.schema import MegarlConfig
 from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.controller.worker import WorkerError
+from megarl.data.batching import balance_for_dp
 from megarl.distributed.launch import report
 from megarl.protocol import Batch
 from megarl.workers.critic import CriticWorker
@@ -133,39 +136,84 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     out["critic_grad_norm"] = value_losses[0]["grad_norm"]
 
     rm = SPMDWorkerGroup(RewardModelWorker, "reward", {"cfg": config(policy, reward, tp, pp)})
-    out["rm_score_max_abs_diff"] = max_diff(rm.score(batch)["rm_scores"], rm_ref["scores"])
+    out["rm_score_max_abs_diff"] = max_diff(rm.compute_rm_score(batch)["rm_scores"], rm_ref["scores"])
     return out
 
 
 def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -> dict:
-    """tp2 (dp2): packed token-budget micro-batches and micro-batch size 1 match size-2 padded ones."""
+    """tp2 (dp2) variants that must not change log-probs, loss or gradients: micro-batch size 1, packed
+    token-budget micro-batches, rows reordered for DP token balance, and activation recomputation."""
     advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask
+    variants = {
+        "mbs1": ({"micro_batch_size": 1}, False),
+        "packed": ({"max_tokens": 40}, False),
+        "balanced": ({}, True),
+        "recompute": ({"recompute": True}, False),
+    }
     out = {}
-    for label, batching in {"mbs1": {"micro_batch_size": 1}, "packed": {"max_tokens": 40}}.items():
-        actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": config(policy, reward, 2, 1, **batching)})
-        lp = actor.log_prob(batch)["old_log_probs"]
+    for label, (batching, balance) in variants.items():
+        cfg = config(policy, reward, 2, 1, **batching)
+        cfg.model.gradient_checkpointing = batching.get("recompute", False)
+        actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": cfg})
+        rows, order = batch, list(range(N))
+        if balance:
+            rows, order = balance_for_dp(batch, actor.worker.layout.dp)
+        lp = torch.zeros(N, RESPONSE)
+        lp[order] = actor.log_prob(rows)["old_log_probs"]
         train = batch.union(Batch(tensors={"old_log_probs": lp, "advantages": advantages}))
-        metrics = actor.update(train)[0]
+        metrics = actor.update(train.reorder(order))[0]
         out[label] = {"log_probs": lp, "pg_loss": metrics["actor/pg_loss"], "grad_norm": metrics["grad_norm"]}
+        if label == "mbs1":
+            out[label]["offload"] = check_offload(actor, batch, lp)
+        if balance:
+            tokens = [batch["attention_mask"][idx].sum().item() for idx in (order[: N // 2], order[N // 2 :])]
+            out[label]["dp_tokens"] = tokens
     return out
 
 
+def check_offload(actor: SPMDWorkerGroup, batch: Batch, before: torch.Tensor) -> dict:
+    """Offload params, grads and optimizer state to disk; the worker refuses to compute meanwhile, and
+    after reload its log-probs are bit-identical to those before offloading."""
+    before = actor.log_prob(batch)["old_log_probs"]
+    directory = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(directory)
+    actor.worker.cfg.actor.offload_dir = directory[0]
+    reports = actor.offload(params=True, grads=True, optimizer=True)[dist.get_rank()]
+    try:
+        actor.log_prob(batch)
+        refused = "no error"
+    except WorkerError as e:
+        refused = str(e).splitlines()[0]
+    reloaded = actor.reload()[dist.get_rank()]
+    after = actor.log_prob(batch)["old_log_probs"]
+    return {
+        "offloaded": {r["state"]: r["bytes"] for r in reports},
+        "reloaded": {r["state"]: r["bytes"] for r in reloaded},
+        "rss_freed": sum(r["device_bytes_freed"] for r in reports),
+        "refused": refused,
+        "bit_exact": bool(torch.equal(after, before)),
+    }
+
+
 def main() -> int:
-    policy, reward = sys.argv[1], sys.argv[2]
+    policy, reward, part = sys.argv[1:4]
     from transformers import AutoConfig
 
     batch = rollout_batch(AutoConfig.from_pretrained(policy).vocab_size)
-    ref, rm_ref = hf_reference(policy, batch), hf_reference(reward, batch)
-    results = {name: check_layout(name, policy, reward, batch, ref, rm_ref) for name in LAYOUTS}
-    batching = check_batching(policy, reward, batch, batch["response_mask"])
-    results["batching"] = {
-        label: {
-            "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
-            "pg_loss": b["pg_loss"],
-            "grad_norm": b["grad_norm"],
+    ref = hf_reference(policy, batch)
+    if part == "layouts":
+        rm_ref = hf_reference(reward, batch)
+        results = {name: check_layout(name, policy, reward, batch, ref, rm_ref) for name in LAYOUTS}
+    else:
+        results = {
+            label: {
+                "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
+                "pg_loss": b["pg_loss"],
+                "grad_norm": b["grad_norm"],
+                **{k: b[k] for k in ("dp_tokens", "offload") if k in b},
+            }
+            for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }
-        for label, b in batching.items()
-    }
     if dist.get_rank() == 0:
         report(results)
     dist.barrier()

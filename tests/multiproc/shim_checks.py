@@ -33,10 +33,10 @@ ARCH = ModelArchitecture.from_hf_config(
 )
 
 
-def _model(sequence_parallel: bool = False):
+def _model(sequence_parallel: bool = False, recompute: bool = False):
     layout = ParallelLayout(world_size=2, tp=2, sequence_parallel=sequence_parallel)
     layout.initialize()
-    return build_model_chunks(ARCH, layout)
+    return build_model_chunks(ARCH, layout, recompute=recompute)
 
 
 def check_current_device():
@@ -49,6 +49,9 @@ def check_rng():
     ParallelLayout(world_size=2, tp=2).initialize(seed=7)
     with tensor_parallel.get_cuda_rng_tracker().fork():
         torch.rand(1)
+    # activation recomputation (gradient checkpointing) saves and restores the generator states
+    x = torch.ones(3, requires_grad=True)
+    tensor_parallel.checkpoint(lambda t: (t * 2).sum(), False, x).backward()
 
 
 def check_cuda_literal():
@@ -80,6 +83,12 @@ def check_sp_norm():
     _model(sequence_parallel=True)
 
 
+def check_recompute_mask():
+    chunks = _model(recompute=True)
+    batch = [{"input_ids": torch.zeros(1, 8, dtype=torch.long)}]
+    run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
+
+
 CHECKS = {
     "current_device": check_current_device,
     "rng": check_rng,
@@ -87,6 +96,7 @@ CHECKS = {
     "cuda_sync": check_cuda_sync,
     "cuda_type_str": check_cuda_type_str,
     "sp_norm": check_sp_norm,
+    "recompute_mask": check_recompute_mask,
 }
 
 

@@ -11,10 +11,19 @@ LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]
 LOG_PROB_TOL = 2e-5
 
 
+def _launch(torchrun, tiny_models, tiny_reward_models, part: str) -> dict:
+    args = [tiny_models["qwen2"], tiny_reward_models["llama"], part]
+    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=300).results[0]
+
+
 @pytest.fixture(scope="module")
 def checks(torchrun, tiny_models, tiny_reward_models):
-    args = [tiny_models["qwen2"], tiny_reward_models["llama"]]
-    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=300).results[0]
+    return _launch(torchrun, tiny_models, tiny_reward_models, "layouts")
+
+
+@pytest.fixture(scope="module")
+def batching(torchrun, tiny_models, tiny_reward_models):
+    return _launch(torchrun, tiny_models, tiny_reward_models, "batching")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -61,9 +70,24 @@ def test_megatron_reward_model_scores_the_last_token_like_transformers(checks, l
     assert checks[layout]["rm_score_max_abs_diff"] <= LOG_PROB_TOL
 
 
-@pytest.mark.parametrize("batching", ["mbs1", "packed"])
-def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batching):
-    got, base = checks["batching"][batching], checks["tp2pp1"]
+@pytest.mark.parametrize("variant", ["mbs1", "packed", "balanced", "recompute"])
+def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batching, variant):
+    got, base = batching[variant], checks["tp2pp1"]
     assert got["log_prob_max_abs_diff"] <= LOG_PROB_TOL
     assert got["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-6)
     assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
+
+
+def test_dp_balancing_evens_out_tokens_per_rank(batching):
+    tokens = batching["balanced"]["dp_tokens"]
+    assert abs(tokens[0] - tokens[1]) <= 2, tokens
+
+
+def test_offload_to_disk_blocks_compute_and_reloads_bit_exact(batching):
+    # after one update the actor holds params, grads and Adam state
+    off = batching["mbs1"]["offload"]
+    assert set(off["offloaded"]) == {"params", "grads", "optimizer"}
+    assert all(b > 0 for b in off["offloaded"].values())
+    assert off["reloaded"] == off["offloaded"]
+    assert "offloaded; call reload() first" in off["refused"]
+    assert off["bit_exact"]

@@ -116,6 +116,14 @@ INVALID = [
     ),
     (["ref.enable=false"], ["algorithm.use_kl_loss=true needs the reference model", "set ref.enable=true"]),
     (["reward.enable=true"], ["reward.model_path is not set", "set reward.model_path="]),
+    (
+        ["reward.model_path={tmp}", "reward.backend=hf", "reward.parallel.tp=2"],
+        ["reward.backend=hf runs the classifier data-parallel only", "use reward.backend=megatron"],
+    ),
+    (
+        ["reward.model_path={tmp}", "reward.kind=embedding_similarity"],
+        ["reward.kind=embedding_similarity needs reward.backend=hf"],
+    ),
     (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator=k4", "one of k1, k2, k3, low_var_kl"]),
     (
         ["algorithm.adv_estimator=a2c"],

@@ -1,0 +1,344 @@
+"""Move a role's training state off the compute device and back: parameters, gradients, optimizer state.
+
+The hybrid engine offloads before generation (the rollout engine needs the memory) and idle roles
+offload between uses. Everything works on tensor *storages*: each storage's bytes are copied to a
+target, then the storage is resized to zero bytes. Every view of it — param.data, DDP's contiguous
+param/grad buffers, param.main_grad, bucket shards, the distributed optimizer's main-param shards —
+stays the same Python object, and becomes valid again when reload resizes the storage and copies the
+bytes back, so a round trip is bit-exact and training continues as if nothing happened.
+
+Megatron's `_ParamAndGradBuffer.offload_to_cpu` uses the same mechanism; it is not called here
+because it drops gradient values (reload re-zeroes them), moves parameters only when the distributed
+optimizer put them into its buffer, and always stages through pinned host memory (no disk target).
+
+Targets:
+  HostMemory()          host memory, pinned when the compute device is a GPU. On CPU the compute device
+                        *is* host memory: the bytes move but nothing is freed overall.
+  DiskFiles(directory)  one file per offload (NVMe-offload style): the bytes leave process memory,
+                        which on CPU is the only way the freed bytes show up as a smaller RSS.
+
+Do not run forward/backward or step the optimizer on offloaded state: the views are empty.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from megarl.distributed.backend import device
+
+if TYPE_CHECKING:
+    from megarl.models.optimizer import TrainOptimizer
+
+# Copies between the state and a file go through a bounded host buffer.
+_STAGING_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class OffloadReport:
+    """What one offload or reload did."""
+
+    state: str  # "params" | "grads" | "optimizer"
+    direction: str  # "offload" | "reload"
+    target: str  # "host", "disk:<directory>", or "dropped" (values not kept; reload zero-fills)
+    bytes: int  # storage bytes released from (offload) or restored to (reload) the compute device
+    storages: int  # distinct storages (a DDP buffer is one)
+    device_bytes_before: int  # compute-device memory in use: torch.cuda.memory_allocated, on CPU the RSS
+    device_bytes_after: int
+    seconds: float
+
+    @property
+    def device_bytes_freed(self) -> int:
+        """Measured drop of device memory (negative after a reload)."""
+        return self.device_bytes_before - self.device_bytes_after
+
+
+class _Stored(Protocol):
+    def load_into(self, views: list[torch.Tensor]) -> None: ...
+
+
+class OffloadTarget(Protocol):
+    name: str
+
+    def store(self, views: list[torch.Tensor], label: str) -> _Stored: ...
+
+
+class HostMemory:
+    """Host memory; pinned when the compute device is a GPU, so copies in both directions are fast."""
+
+    name = "host"
+
+    def store(self, views: list[torch.Tensor], label: str) -> _Stored:
+        pin = torch.cuda.is_available()
+        copies = [torch.empty(v.numel(), dtype=torch.uint8, pin_memory=pin) for v in views]
+        for copy, view in zip(copies, views):
+            copy.copy_(view, non_blocking=pin)
+        return _HostCopies(copies)
+
+
+@dataclass
+class _HostCopies:
+    copies: list[torch.Tensor]
+
+    def load_into(self, views: list[torch.Tensor]) -> None:
+        for view, copy in zip(views, self.copies):
+            view.copy_(copy, non_blocking=copy.is_pinned())
+        _synchronize()
+        self.copies.clear()
+
+
+@dataclass(frozen=True)
+class DiskFiles:
+    """Files under `directory` (local NVMe ideally), one per offload, deleted again on reload."""
+
+    directory: str | Path
+
+    @property
+    def name(self) -> str:
+        return f"disk:{self.directory}"
+
+    def store(self, views: list[torch.Tensor], label: str) -> _Stored:
+        path = Path(self.directory) / f"{label}-pid{os.getpid()}-{next(_file_ids)}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = _staging(views)
+        with open(path, "wb") as f:
+            for view in views:
+                for start in range(0, view.numel(), staging.numel()):
+                    part = staging[: min(staging.numel(), view.numel() - start)]
+                    part.copy_(view[start : start + part.numel()])
+                    f.write(memoryview(part.numpy()))
+        return _FileCopy(path)
+
+
+_file_ids = itertools.count()
+
+
+@dataclass
+class _FileCopy:
+    path: Path
+
+    def load_into(self, views: list[torch.Tensor]) -> None:
+        staging = _staging(views)
+        with open(self.path, "rb") as f:
+            for view in views:
+                for start in range(0, view.numel(), staging.numel()):
+                    part = staging[: min(staging.numel(), view.numel() - start)]
+                    if f.readinto(memoryview(part.numpy())) != part.numel():
+                        raise RuntimeError(f"{self.path} is shorter than the state it should restore")
+                    view[start : start + part.numel()].copy_(part)
+        self.path.unlink()
+
+
+class _Dropped:
+    """Values not kept (gradients that were already consumed): reload hands back zeros."""
+
+    def load_into(self, views: list[torch.Tensor]) -> None:
+        for view in views:
+            view.zero_()
+
+
+def _staging(views: list[torch.Tensor]) -> torch.Tensor:
+    """A bounded host buffer between the state and a file. Never hand a state tensor to numpy: that
+    marks its storage non-resizable for good, and the next offload could not free it."""
+    size = max(1, min(_STAGING_BYTES, max((v.numel() for v in views), default=1)))
+    return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+
+
+# --- storages --------------------------------------------------------------------------------------
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+        storage, 0, (storage.nbytes(),), (1,)
+    )
+
+
+def _unique_storages(tensors, exclude: set[tuple] = frozenset()) -> list[torch.UntypedStorage]:
+    """Distinct non-empty storages behind `tensors` that live on the compute device."""
+    here = device()
+    seen, storages = set(exclude), []
+    for tensor in tensors:
+        if tensor is None or tensor.device != here:
+            continue
+        storage = tensor.untyped_storage()
+        key = _storage_key(storage)
+        if storage.nbytes() and key not in seen:
+            seen.add(key)
+            storages.append(storage)
+    return storages
+
+
+def _storage_key(storage: torch.UntypedStorage) -> tuple:
+    return (str(storage.device), storage.data_ptr())
+
+
+@dataclass
+class _Offloaded:
+    storages: list[torch.UntypedStorage]
+    sizes: list[int]
+    stored: _Stored
+    target: str
+
+
+# (owner, state) -> what is offloaded; owner = first model chunk or the TrainOptimizer.
+_offloaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _offload(owner, state: str, storages, target: OffloadTarget | None, keep_values: bool = True):
+    per_owner = _offloaded.setdefault(owner, {})
+    if state in per_owner:
+        raise RuntimeError(f"{state} are already offloaded; reload them before offloading again")
+    target = target or HostMemory()
+    _release_freed_memory()  # so that `before` holds no garbage of earlier work
+    before, start = _device_bytes(), time.perf_counter()
+    sizes = [s.nbytes() for s in storages]
+    views = [_byte_view(s) for s in storages]
+    stored = target.store(views, state) if keep_values else _Dropped()
+    _synchronize()
+    del views
+    for storage in storages:
+        storage.resize_(0)
+    _release_freed_memory()
+    name = target.name if keep_values else "dropped"
+    per_owner[state] = _Offloaded(storages, sizes, stored, name)
+    return OffloadReport(
+        state,
+        "offload",
+        name,
+        sum(sizes),
+        len(storages),
+        before,
+        _device_bytes(),
+        time.perf_counter() - start,
+    )
+
+
+def _reload(owner, state: str) -> OffloadReport:
+    entry = _offloaded.get(owner, {}).pop(state, None)
+    if entry is None:
+        raise RuntimeError(f"{state} are not offloaded; nothing to reload")
+    before, start = _device_bytes(), time.perf_counter()
+    for storage, size in zip(entry.storages, entry.sizes):
+        storage.resize_(size)
+    entry.stored.load_into([_byte_view(s) for s in entry.storages])
+    _synchronize()
+    _release_freed_memory()  # the host copies or staging buffer
+    return OffloadReport(
+        state,
+        "reload",
+        entry.target,
+        sum(entry.sizes),
+        len(entry.storages),
+        before,
+        _device_bytes(),
+        time.perf_counter() - start,
+    )
+
+
+# --- the state of a role ---------------------------------------------------------------------------
+
+
+def _params(chunks: list[torch.nn.Module]):
+    return (p for chunk in chunks for p in chunk.parameters())
+
+
+def _grads(chunks: list[torch.nn.Module]):
+    # DDP accumulates into param.main_grad (views of its grad buffer); plain modules into param.grad.
+    return (p.main_grad if hasattr(p, "main_grad") else p.grad for p in _params(chunks))
+
+
+def offload_params(chunks: list[torch.nn.Module], target: OffloadTarget | None = None) -> OffloadReport:
+    """Release the parameters' device memory (DDP-wrapped chunks or plain modules, e.g. the reference)."""
+    return _offload(chunks[0], "params", _unique_storages(_params(chunks)), target)
+
+
+def reload_params(chunks: list[torch.nn.Module]) -> OffloadReport:
+    """Put the parameters back, bit-exact, in the same tensors."""
+    return _reload(chunks[0], "params")
+
+
+def offload_grads(
+    chunks: list[torch.nn.Module], target: OffloadTarget | None = None, keep_values: bool = True
+) -> OffloadReport:
+    """Release the gradient buffers' device memory. With keep_values=False nothing is copied (the
+    gradients were already used by a step) and reload_grads hands back zeros, as megatron's does."""
+    return _offload(chunks[0], "grads", _unique_storages(_grads(chunks)), target, keep_values)
+
+
+def reload_grads(chunks: list[torch.nn.Module]) -> OffloadReport:
+    """Put the gradient buffers back (their values, or zeros if they were offloaded without them)."""
+    return _reload(chunks[0], "grads")
+
+
+def _optimizer_tensors(optimizer):
+    """Main parameters and state of every torch optimizer inside a megatron (chained) optimizer."""
+    for megatron_opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = megatron_opt.optimizer
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            yield from group["params"]
+        for state in inner.state.values():
+            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def offload_optimizer(opt: TrainOptimizer, target: OffloadTarget | None = None) -> OffloadReport:
+    """Release the optimizer's device memory (`opt`: a TrainOptimizer): Adam moments and the fp32 main
+    parameters it keeps apart from the model. Storages shared with the model's parameters or
+    gradients (fp32 main params *are* the model's) are left to offload_params / offload_grads."""
+    model = {
+        _storage_key(s) for s in _unique_storages(itertools.chain(_params(opt.chunks), _grads(opt.chunks)))
+    }
+    return _offload(
+        opt, "optimizer", _unique_storages(_optimizer_tensors(opt.optimizer), exclude=model), target
+    )
+
+
+def reload_optimizer(opt: TrainOptimizer) -> OffloadReport:
+    """Put the optimizer state back, bit-exact."""
+    return _reload(opt, "optimizer")
+
+
+# --- device memory ---------------------------------------------------------------------------------
+
+
+def _device_bytes() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.memory_allocated()
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _release_freed_memory() -> None:
+    """Hand freed memory back: the CUDA cache to the driver (so vLLM can take it), or on CPU glibc's
+    free heap pages to the OS (glibc keeps them mapped, and RSS would not show what was freed)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    elif _libc is not None:
+        _libc.malloc_trim(0)
+
+
+def _load_libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018 -- glibc only
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_libc = _load_libc()

@@ -1,0 +1,246 @@
+"""The 3D-HybridEngine's resharding plan: which ranks form the generation layout, and what moves (pure).
+
+Training runs at t (TP) × p (PP) × d (DP); the colocated rollout engine runs at t_g (TP) with t_g | t and
+p_g = 1, so every generation replica holds all layers. With s = t / t_g (DESIGN §5, HybridFlow §5):
+
+  generation TP group   ranks of one training TP group and PP stage at stride s: one generation replica.
+                        There are world / t_g replicas; replica i serves the i-th of the world / t_g
+                        prompt chunks (Dispatch.GEN_DP_COMPUTE). Generation TP rank = training TP rank // s.
+  micro-DP group        the d_g = p·s ranks of one training replica that share a generation TP rank: the
+                        runs of s consecutive ranks inside a training TP group, on every PP stage. Each
+                        member belongs to a different generation replica; together they hold their
+                        generation shard of every layer exactly once, so gathering inside the group gives
+                        each member that shard and nothing else (zero redundancy).
+  gather group          the micro-DP group's ranks on one PP stage (one run of s consecutive ranks).
+
+What each rank receives: its generation shard of every parameter (for a TP-sharded parameter, the
+training shards of ranks `shard_sources(rank, owner_stage)` concatenated by kind; a replicated one
+whole), less what it already holds. One schedule that moves exactly that: (1) each PP stage broadcasts
+its parameters over the training PP group, so every rank holds its training TP shard of every layer;
+(2) all-gather inside the gather group. Any schedule in which a rank receives only bytes it lacks, once,
+moves the same bytes: `received_bytes` is that floor, per parameter, for the reshard to compare with
+the bytes it measures.
+
+For a model of M bytes that is entirely TP-sharded and spread evenly over the PP stages, every rank
+receives `floor_bytes(M)` = M/t_g − M/(t·p) = (t·p − t_g)/(t_g·t·p)·M. Replicated tensors (norms) break
+the first assumption: a rank needs them whole and its stage already holds its own whole, so one of B bytes
+costs 0 on its owning stage and B elsewhere — (p − 1)/p·B per rank on average instead of the formula's
+(t·p − t_g)/(t_g·t·p)·B (less when p = 1, more when t_g = t and p > 1). Stages holding unequal shares
+(embedding and output layer at the ends) make the exact floor differ from rank to rank; summing
+`received_bytes` over the model's parameters gives each rank's exact floor. Expert (EP-sharded)
+parameters are out of scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+
+from megarl.distributed.layout import Coordinates, LayoutError, ParallelLayout
+
+# Parameter layouts across TP ranks, as named in megarl/models/convert/sharding.py (not imported: that
+# module needs torch, this one is pure).
+REPLICATED = "replicated"
+TP_SHARDED_KINDS = ("column", "row", "qkv", "gate_up", "vocab")
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The generation layout of a training layout at generation TP `gen_tp`, and the bytes resharding moves.
+
+    Build it with `GenerationPlan.build(tp, pp, dp, gen_tp)` or `GenerationPlan.for_layout(layout, gen_tp)`.
+    Rank lists are global ranks of the training world; every rank computes the same lists, so they can be
+    passed as-is to `torch.distributed.new_group` in order.
+    """
+
+    layout: ParallelLayout
+    gen_tp: int
+
+    def __post_init__(self) -> None:
+        t = self.layout.tp
+        if self.gen_tp < 1 or t % self.gen_tp:
+            fits = ", ".join(str(g) for g in range(1, t + 1) if t % g == 0)
+            raise LayoutError(
+                f"rollout tp={self.gen_tp} must divide the training tp={t}; use one of {fits} "
+                "(the 3D-HybridEngine builds generation TP shards from training TP shards)"
+            )
+        if self.layout.cp > 1:
+            raise LayoutError("generation layouts with context parallelism are not supported")
+
+    @classmethod
+    def build(cls, tp: int, pp: int, dp: int, gen_tp: int, num_kv_heads: int | None = None) -> GenerationPlan:
+        """The plan for a training layout tp × pp × dp (world = tp·pp·dp) at generation TP `gen_tp`."""
+        if dp < 1:
+            raise LayoutError(f"dp={dp} must be >= 1")
+        return cls.for_layout(ParallelLayout(world_size=tp * pp * dp, tp=tp, pp=pp), gen_tp, num_kv_heads)
+
+    @classmethod
+    def for_layout(
+        cls, layout: ParallelLayout, gen_tp: int, num_kv_heads: int | None = None
+    ) -> GenerationPlan:
+        """The plan for an existing training layout; `num_kv_heads` (if given) must split over `gen_tp`."""
+        plan = cls(layout, gen_tp)
+        if num_kv_heads is not None and num_kv_heads % gen_tp:
+            fits = ", ".join(
+                str(g) for g in range(1, layout.tp + 1) if layout.tp % g == 0 and num_kv_heads % g == 0
+            )
+            raise LayoutError(
+                f"rollout tp={gen_tp} must divide num_key_value_heads={num_kv_heads} (each generation TP "
+                f"rank holds whole key/value heads); use one of {fits}"
+            )
+        return plan
+
+    @property
+    def stride(self) -> int:
+        """s = t / t_g: training TP ranks per generation TP rank (and the stride of generation TP groups)."""
+        return self.layout.tp // self.gen_tp
+
+    @property
+    def micro_dp_size(self) -> int:
+        """d_g = p·t / t_g: generation replicas per training replica, and ranks per micro-DP group."""
+        return self.layout.pp * self.stride
+
+    @property
+    def gen_dp_size(self) -> int:
+        """Generation replicas in the world (world / t_g): the prompt batch is split this many ways."""
+        return self.layout.world_size // self.gen_tp
+
+    def gen_tp_rank(self, rank: int) -> int:
+        """Which generation TP shard `rank` holds: training TP rank // s."""
+        return self.layout.coordinates(rank).tp // self.stride
+
+    def micro_dp_rank(self, rank: int) -> int:
+        """`rank`'s index in its micro-DP group (PP stage major, then position in its run of s ranks)."""
+        c = self.layout.coordinates(rank)
+        return c.pp * self.stride + c.tp % self.stride
+
+    def gen_dp_rank(self, rank: int) -> int:
+        """Which generation replica `rank` belongs to, i.e. which prompt chunk it serves."""
+        return self.layout.coordinates(rank).dp * self.micro_dp_size + self.micro_dp_rank(rank)
+
+    def gen_tp_group(self, rank: int) -> list[int]:
+        """The ranks of `rank`'s generation replica, in generation TP order."""
+        c = self.layout.coordinates(rank)
+        return [self._rank(j * self.stride + c.tp % self.stride, c.dp, c.pp) for j in range(self.gen_tp)]
+
+    def micro_dp_group(self, rank: int) -> list[int]:
+        """The d_g ranks of `rank`'s training replica holding the same generation shard, in micro-DP order."""
+        c = self.layout.coordinates(rank)
+        return [r for pp in range(self.layout.pp) for r in self._run(self.gen_tp_rank(rank), c.dp, pp)]
+
+    def gather_group(self, rank: int) -> list[int]:
+        """`rank`'s run of s consecutive ranks on its PP stage, whose training shards make one generation shard."""
+        c = self.layout.coordinates(rank)
+        return self._run(self.gen_tp_rank(rank), c.dp, c.pp)
+
+    def shard_sources(self, rank: int, owner_stage: int) -> list[int]:
+        """For a TP-sharded parameter held by PP stage `owner_stage`: the ranks whose training shards,
+        concatenated in this order (per kind, see sharding.py), are `rank`'s generation shard of it."""
+        self._check_stage(owner_stage)
+        return self._run(self.gen_tp_rank(rank), self.layout.coordinates(rank).dp, owner_stage)
+
+    @cached_property
+    def gen_tp_groups(self) -> list[list[int]]:
+        """Every generation replica's ranks; entry i is replica i (= gen_dp_rank), in generation TP order."""
+        s, layout = self.stride, self.layout
+        return [
+            [self._rank(j * s + i, dp, pp) for j in range(self.gen_tp)]
+            for dp in range(layout.dp)
+            for pp in range(layout.pp)
+            for i in range(s)
+        ]
+
+    @cached_property
+    def micro_dp_groups(self) -> list[list[int]]:
+        """Every micro-DP group (training replica major, then generation TP rank), members in micro-DP order."""
+        return [
+            self.micro_dp_group(self._rank(g * self.stride, dp, 0))
+            for dp in range(self.layout.dp)
+            for g in range(self.gen_tp)
+        ]
+
+    @cached_property
+    def gather_groups(self) -> list[list[int]]:
+        """Every gather group (runs of s consecutive ranks), ordered by first rank."""
+        layout = self.layout
+        runs = [
+            self._run(g, dp, pp)
+            for pp in range(layout.pp)
+            for dp in range(layout.dp)
+            for g in range(self.gen_tp)
+        ]
+        return sorted(runs)
+
+    def received_bytes(self, rank: int, param_bytes: int, kind: str, owner_stage: int | Iterable[int]) -> int:
+        """Bytes `rank` must receive to hold its generation shard of one parameter: what it needs less what
+        it holds. `param_bytes` is the full (TP=1) tensor's size as megatron holds it (vocab padding rows
+        included); `owner_stage` is the PP stage holding it, or several for a copy kept on more than one
+        stage (tied embedding and output layer under PP)."""
+        owners = {owner_stage} if isinstance(owner_stage, int) else set(owner_stage)
+        for stage in owners:
+            self._check_stage(stage)
+        held = self.layout.coordinates(rank).pp in owners
+        if kind == REPLICATED:
+            return 0 if held else param_bytes
+        if kind not in TP_SHARDED_KINDS:
+            raise ValueError(f"unknown parameter kind {kind!r}; known: {(REPLICATED, *TP_SHARDED_KINDS)}")
+        if param_bytes % self.layout.tp:
+            raise ValueError(
+                f"a {kind} parameter of {param_bytes} bytes does not split into tp={self.layout.tp} equal shards"
+            )
+        shard = param_bytes // self.layout.tp
+        return shard * self.stride - (shard if held else 0)
+
+    def floor_bytes(self, model_bytes: float) -> float:
+        """Bytes each rank receives for an all-TP-sharded model of `model_bytes` spread evenly over the stages:
+        (t·p − t_g)/(t_g·t·p)·M (see the module docstring for replicated tensors)."""
+        t, p = self.layout.tp, self.layout.pp
+        return model_bytes * (t * p - self.gen_tp) / (self.gen_tp * t * p)
+
+    def naive_bytes(self, model_bytes: float) -> float:
+        """Bytes each rank receives when every rank gathers the whole model from all t·p·d ranks, each holding
+        a distinct 1/(t·p·d) of it (ZeRO-3 style, as DeepSpeed-Chat does): (t·p·d − 1)/(t·p·d)·M."""
+        world = self.layout.world_size
+        return model_bytes * (world - 1) / world
+
+    def describe(self, model_bytes: float | None = None, max_ranks: int = 16) -> str:
+        """A text table for logs: each rank's training coordinates and generation groups, and with
+        `model_bytes` the per-rank floor and naive bytes."""
+        layout = self.layout
+        lines = [
+            f"3D-HybridEngine plan: training {layout.describe()} ({layout.world_size} ranks) -> generation "
+            f"tp{self.gen_tp} x dp{self.gen_dp_size}; micro-DP groups of {self.micro_dp_size}",
+            f"{'rank':>5}  {'tp/pp/dp':<9} {'gen dp':>6} {'gen tp':>6}  {'gen-TP group':<16} {'micro-DP group':<20} gather group",
+        ]
+        for rank in range(min(layout.world_size, max_ranks)):
+            c = layout.coordinates(rank)
+            lines.append(
+                f"{rank:>5}  {f'{c.tp}/{c.pp}/{c.dp}':<9} {self.gen_dp_rank(rank):>6} {self.gen_tp_rank(rank):>6}  "
+                f"{_ranks(self.gen_tp_group(rank)):<16} {_ranks(self.micro_dp_group(rank)):<20} "
+                f"{_ranks(self.gather_group(rank))}"
+            )
+        if layout.world_size > max_ranks:
+            lines.append(f"  ... {layout.world_size - max_ranks} more ranks")
+        if model_bytes is not None:
+            floor, naive = self.floor_bytes(model_bytes), self.naive_bytes(model_bytes)
+            lines.append(
+                f"bytes received per rank, M={model_bytes / 2**30:.3f} GiB: floor {floor / 2**30:.3f} GiB "
+                f"({floor / model_bytes:.4f} M), naive all-gather {naive / 2**30:.3f} GiB ({naive / model_bytes:.4f} M)"
+            )
+        return "\n".join(lines)
+
+    def _rank(self, tp: int, dp: int, pp: int) -> int:
+        return self.layout.rank(Coordinates(tp=tp, cp=0, dp=dp, pp=pp))
+
+    def _run(self, gen_tp_rank: int, dp: int, pp: int) -> list[int]:
+        s = self.stride
+        return [self._rank(gen_tp_rank * s + i, dp, pp) for i in range(s)]
+
+    def _check_stage(self, stage: int) -> None:
+        if not 0 <= stage < self.layout.pp:
+            raise ValueError(f"owner stage {stage} is not a PP stage of pp={self.layout.pp}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return "[" + ",".join(map(str, ranks)) + "]"

