@@ -91,9 +91,14 @@ def bench_rank(args: argparse.Namespace) -> None:
         train = batch.union(Batch(tensors={"old_log_probs": old, "advantages": torch.ones_like(old)}))
         forward = _median_seconds(actor.log_prob, batch, args.repeats)
         update = _median_seconds(actor.update, train, args.repeats)
-        seqs_per_rank = args.rows // actor.worker.layout.dp
-        mbs = actor.worker.microbatches(sequences_from_batch(batch), list(range(seqs_per_rank)))
-        computed = sum(mb["input_ids"].numel() for mb in mbs) * actor.worker.layout.dp
+        # positions computed over all DP ranks: each rank micro-batches its contiguous share
+        seqs, dp = sequences_from_batch(batch), actor.worker.layout.dp
+        share = args.rows // dp
+        per_rank = [
+            actor.worker.microbatches(seqs, list(range(r * share, (r + 1) * share))) for r in range(dp)
+        ]
+        computed = sum(mb["input_ids"].numel() for mbs in per_rank for mb in mbs)
+        mbs = per_rank[0]
         result[mode] = {
             "log_prob_seconds": forward,
             "update_seconds": update,
