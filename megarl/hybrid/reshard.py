@@ -1,0 +1,259 @@
+"""Regroup the actor's training shards into the generation layout, tensor by tensor (3D-HybridEngine).
+
+For every parameter of the model, in one global order that all ranks share:
+  1. PP broadcast    the stage that owns it broadcasts this rank's training TP shard over the PP group
+                     (skipped when every stage holds it, e.g. tied embeddings at PP=2);
+  2. micro-DP gather an all-gather inside the plan's gather group (s = t/t_g consecutive TP ranks)
+                     assembles the generation-TP shard: fused QKV stays grouped per query group,
+                     SwiGLU [gate_i; up_i] shards are regrouped to [gate_g; up_g];
+  3. HF tensors      the generation shard is split into its HF tensors (q/k/v, gate/up) and written
+                     into full-shaped HF tensors at exactly the region that generation TP rank's engine
+                     shard reads (the rest is never touched, so never sent). The engine's weight loader
+                     (vLLM's `reload_weights` on CPU) narrows each full tensor to its shard.
+Tensors are handed out in buckets of about `bucket_bytes`; the parts of one megatron parameter
+(q, k, v; gate, up) always share a bucket, because pushing half of a fused tensor corrupts it.
+
+Every rank counts the bytes it receives; `GenerationPlan.received_bytes` gives the floor for the same
+parameters, so `stats.ratio` is 1.00 for this path. The naive path (`naive=True`) all-gathers every
+full tensor to every rank instead, for comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from megarl.hybrid.plan import GenerationPlan
+from megarl.models.convert import llama
+from megarl.models.convert.loader import global_named_parameters
+from megarl.models.from_hf import ModelArchitecture
+
+HFBucket = list[tuple[str, torch.Tensor]]
+
+
+@dataclass
+class ReshardStats:
+    """What one reshard moved on this rank, and how long each phase took (seconds)."""
+
+    received_bytes: int = 0
+    floor_bytes: int = 0
+    tensors: int = 0
+    buckets: int = 0
+    largest_bucket_bytes: int = 0
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"pp_broadcast": 0.0, "gather": 0.0, "to_hf": 0.0}
+    )
+
+    @property
+    def ratio(self) -> float:
+        """Bytes received / the plan's floor (1.0 when both are zero: nothing needed, nothing sent)."""
+        if self.floor_bytes == 0:
+            return 1.0 if self.received_bytes == 0 else float("inf")
+        return self.received_bytes / self.floor_bytes
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str  # megatron name, global layer index
+    owners: tuple[int, ...]  # PP stages holding it
+    shape: tuple[int, ...]  # training TP shard shape
+    dtype: torch.dtype
+
+
+class Resharder:
+    """Built once per actor (collective: every rank of the training world constructs it)."""
+
+    def __init__(
+        self,
+        chunks: list[torch.nn.Module],
+        arch: ModelArchitecture,
+        plan: GenerationPlan,
+        bucket_bytes: int = 64 << 20,
+        naive: bool = False,
+    ) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.arch, self.plan, self.bucket_bytes, self.naive = arch, plan, bucket_bytes, naive
+        self.rank = dist.get_rank()
+        self.coords = plan.layout.coordinates(self.rank)
+        self.local = self._local_params(chunks)
+        self.entries = self._global_table()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        self.pp_ranks = plan.layout.pp_group_ranks(self.rank)  # indexed by stage
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.gather_group = None
+        for ranks in plan.gather_groups:  # every rank creates every group, in the same order
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if self.rank in ranks:
+                self.gather_group = group
+
+    # ---- tables -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _local_params(chunks) -> dict[str, torch.Tensor]:
+        local = {}
+        for chunk in chunks:
+            for name, param in global_named_parameters(chunk):
+                if getattr(param, "shared", False) and name == "output_layer.weight":
+                    name = "embedding.word_embeddings.weight"  # the last stage's tied copy
+                local.setdefault(name, param)
+        return local
+
+    def _global_table(self) -> list[_Entry]:
+        mine = {n: (tuple(p.shape), str(p.dtype)) for n, p in self.local.items()}
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (self.coords.pp, mine))
+        owners: dict[str, set[int]] = {}
+        shapes: dict[str, tuple] = {}
+        for stage, params in everyone:
+            for name, (shape, dtype) in params.items():
+                owners.setdefault(name, set()).add(stage)
+                shapes[name] = (shape, dtype)
+        entries = []
+        for name in llama.megatron_names(self.arch):
+            if name not in owners:
+                raise KeyError(f"no rank holds {name}; the model and the name table disagree")
+            shape, dtype = shapes[name]
+            entries.append(
+                _Entry(name, tuple(sorted(owners[name])), shape, getattr(torch, dtype.split(".")[-1]))
+            )
+        return entries
+
+    # ---- the transition -----------------------------------------------------------------------------
+
+    def buckets(self, stats: ReshardStats | None = None) -> Iterator[HFBucket]:
+        """HF-named tensors for this rank's engine shard, in buckets; fills `stats` as it goes."""
+        stats = stats if stats is not None else ReshardStats()
+        bucket: HFBucket = []
+        size = 0
+        for entry in self.entries:
+            shard = self._on_this_stage(entry, stats)
+            tensors = self._to_hf(entry, shard, stats)
+            bucket.extend(tensors)
+            size += sum(t.numel() * t.element_size() for _, t in tensors)
+            if size >= self.bucket_bytes:
+                yield self._flush(bucket, size, stats)
+                bucket, size = [], 0
+        if bucket:
+            yield self._flush(bucket, size, stats)
+
+    @staticmethod
+    def _flush(bucket: HFBucket, size: int, stats: ReshardStats) -> HFBucket:
+        stats.buckets += 1
+        stats.tensors += len(bucket)
+        stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
+        return bucket
+
+    def _on_this_stage(self, entry: _Entry, stats: ReshardStats) -> torch.Tensor:
+        """This rank's training TP shard of `entry`, broadcast from its owning stage if needed."""
+        start = time.perf_counter()
+        kind = llama.param_map(entry.name, self.arch)[0].kind
+        param_bytes = (
+            _numel(entry.shape) * entry.dtype.itemsize * (1 if kind == "replicated" else self.plan.layout.tp)
+        )
+        stats.floor_bytes += self.plan.received_bytes(self.rank, param_bytes, kind, entry.owners)
+        if self.coords.pp in entry.owners:
+            shard = self.local[entry.name].detach()
+        else:
+            shard = torch.empty(entry.shape, dtype=entry.dtype, device=_device())
+        if len(entry.owners) < self.plan.layout.pp:
+            shard = shard.contiguous()
+            dist.broadcast(shard, src=self.pp_ranks[entry.owners[0]], group=self.pp_group)
+            if self.coords.pp != entry.owners[0]:
+                stats.received_bytes += shard.numel() * shard.element_size()
+        stats.seconds["pp_broadcast"] += time.perf_counter() - start
+        return shard
+
+    def _to_hf(self, entry: _Entry, shard: torch.Tensor, stats: ReshardStats) -> HFBucket:
+        start = time.perf_counter()
+        param, hf_names = llama.param_map(entry.name, self.arch)
+        if param.kind == "replicated":
+            pieces, group_size, region = [shard], 1, None
+        elif self.naive:
+            pieces = self._all_gather(shard, self.tp_group, self.plan.layout.tp, stats)
+            group_size, region = self.plan.layout.tp, 0
+        else:
+            group_size = self.plan.stride
+            pieces = (
+                self._all_gather(shard, self.gather_group, group_size, stats) if group_size > 1 else [shard]
+            )
+            region = self.coords.tp // group_size
+        stats.seconds["gather"] += time.perf_counter() - start
+        start = time.perf_counter()
+        if region is None:
+            out = [(hf_names[0], pieces[0])]
+        else:
+            parts = self.plan.layout.tp // group_size  # regions of the full tensor
+            out = _hf_regions(param, hf_names, pieces, region, parts, self.arch)
+        stats.seconds["to_hf"] += time.perf_counter() - start
+        return out
+
+    def _all_gather(self, shard: torch.Tensor, group, size: int, stats: ReshardStats) -> list[torch.Tensor]:
+        shard = shard.contiguous()
+        pieces = [torch.empty_like(shard) for _ in range(size)]
+        dist.all_gather(pieces, shard, group=group)
+        stats.received_bytes += (size - 1) * shard.numel() * shard.element_size()
+        return pieces
+
+
+def _hf_regions(
+    param: llama.ParamMap,
+    hf_names: list[str],
+    pieces: list[torch.Tensor],
+    region: int,
+    parts: int,
+    arch: ModelArchitecture,
+) -> HFBucket:
+    """Full-shaped HF tensors holding, at region `region` of `parts`, the data of the concatenated TP
+    `pieces` (megatron layout); elsewhere they are left unwritten."""
+    if param.kind == "row":
+        return [(hf_names[0], _place(torch.cat(pieces, dim=1), region, parts, dim=1))]
+    if param.kind == "vocab":
+        rows = torch.cat(pieces, dim=0)
+        full = rows.new_empty(arch.vocab_size, *rows.shape[1:])
+        first = region * rows.shape[0]
+        valid = max(0, min(rows.shape[0], arch.vocab_size - first))
+        full[first : first + valid] = rows[:valid]
+        return [(hf_names[0], full)]
+    if param.kind == "column":
+        return [(hf_names[0], _place(torch.cat(pieces, dim=0), region, parts, dim=0))]
+    if param.kind == "gate_up":
+        halves = [p.chunk(2, dim=0) for p in pieces]
+        gate, up = torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
+        return [(hf_names[0], _place(gate, region, parts, 0)), (hf_names[1], _place(up, region, parts, 0))]
+    if param.kind == "qkv":
+        groups, d = arch.num_kv_heads // parts, arch.head_dim
+        per_group = arch.num_heads // arch.num_kv_heads
+        grouped = torch.cat(pieces, dim=0)
+        rest = grouped.shape[1:]
+        q, k, v = grouped.reshape(groups, (per_group + 2) * d, *rest).split([per_group * d, d, d], dim=1)
+        return [
+            (name, _place(t.reshape(-1, *rest), region, parts, 0)) for name, t in zip(hf_names, (q, k, v))
+        ]
+    raise ValueError(f"unknown parameter kind {param.kind!r}")
+
+
+def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tensor:
+    """`local` written into region `region` of a tensor `parts` times its size along `dim`."""
+    shape = list(local.shape)
+    shape[dim] *= parts
+    full = local.new_empty(shape)
+    full.narrow(dim, region * local.shape[dim], local.shape[dim]).copy_(local)
+    return full
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _device() -> torch.device:
+    from megarl.distributed.backend import device
+
+    return device()
