@@ -145,6 +145,14 @@ def cmd_bench_microbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_reshard(args: argparse.Namespace) -> int:
+    from megarl.bench import reshard
+
+    result = reshard.run(args)
+    print(json.dumps(result, indent=2) if args.json else reshard.summarize(result))
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from megarl.quickstart import run_quickstart
 
@@ -214,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     microbatch_arguments(bench_microbatch)
     bench_microbatch.set_defaults(func=cmd_bench_microbatch)
+    bench_reshard = bench.add_parser("reshard", help="3D-HybridEngine transition: bytes, floor, time, memory")
+    from megarl.bench.reshard import add_arguments as reshard_arguments
+
+    reshard_arguments(bench_reshard)
+    bench_reshard.set_defaults(func=cmd_bench_reshard)
 
     quick = sub.add_parser("quickstart", help="build, convert, round-trip and verify a tiny model")
     quick.add_argument("--out", default="outputs/quickstart")
