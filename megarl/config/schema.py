@@ -175,6 +175,11 @@ class RolloutConfig(SamplingConfig):
     # exact KV-cache size in bytes; overrides the fraction. Required on CPU (the fraction would be of RAM)
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False  # disable CUDA graphs (slower, faster start-up, less memory)
+    # weight sync (3D-HybridEngine): tensors are streamed into the engine in buckets of about this size
+    reshard_bucket_mib: int = 256
+    # weight sync by full all-gather of every tensor to every rank instead of the zero-redundancy plan
+    # (a baseline for benchmarks and tests)
+    naive_reshard: bool = False
 
 
 @dataclass

@@ -10,8 +10,8 @@ For every parameter of the model, in one global order that all ranks share:
                      into full-shaped HF tensors at exactly the region that generation TP rank's engine
                      shard reads (the rest is never touched, so never sent). The engine's weight loader
                      (vLLM's `reload_weights` on CPU) narrows each full tensor to its shard.
-Tensors are handed out in buckets of about `bucket_bytes`; the parts of one megatron parameter
-(q, k, v; gate, up) always share a bucket, because pushing half of a fused tensor corrupts it.
+Tensors are handed out in buckets of about `bucket_bytes`; the parts of one module (q, k, v and their
+biases; gate, up) always share a bucket, because pushing half of an engine layer corrupts it.
 
 Every rank counts the bytes it receives; `GenerationPlan.received_bytes` gives the floor for the same
 parameters, so `stats.ratio` is 1.00 for this path. The naive path (`naive=True`) all-gathers every
@@ -129,15 +129,18 @@ class Resharder:
         """HF-named tensors for this rank's engine shard, in buckets; fills `stats` as it goes."""
         stats = stats if stats is not None else ReshardStats()
         bucket: HFBucket = []
-        size = 0
+        size, module = 0, None
         for entry in self.entries:
+            # A bucket closes only between modules: the engine processes a layer (weight and bias, or
+            # q/k/v) once, when all of it has arrived.
+            if size >= self.bucket_bytes and _module(entry.name) != module:
+                yield self._flush(bucket, size, stats)
+                bucket, size = [], 0
+            module = _module(entry.name)
             shard = self._on_this_stage(entry, stats)
             tensors = self._to_hf(entry, shard, stats)
             bucket.extend(tensors)
             size += sum(t.numel() * t.element_size() for _, t in tensors)
-            if size >= self.bucket_bytes:
-                yield self._flush(bucket, size, stats)
-                bucket, size = [], 0
         if bucket:
             yield self._flush(bucket, size, stats)
 
@@ -244,6 +247,10 @@ def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tens
     full = local.new_empty(shape)
     full.narrow(dim, region * local.shape[dim], local.shape[dim]).copy_(local)
     return full
+
+
+def _module(name: str) -> str:
+    return name.rsplit(".", 1)[0]
 
 
 def _numel(shape: tuple[int, ...]) -> int:

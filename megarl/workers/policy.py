@@ -4,6 +4,8 @@
     ref_log_prob(batch)  -> Batch(ref_log_prob [n, R])                    reference
     update(batch)        -> metrics dict (PPO epochs × mini-batches × micro-batches, one optimizer step
                             per mini-batch)                                actor
+    generate(prompts)    -> rollout Batch (responses, rollout_log_probs, …) actor, GEN_DP_COMPUTE: the
+                            3D-HybridEngine syncs the weights into the colocated vLLM engine first
 
 Log-probs and entropy are computed vocabulary-parallel (each TP rank keeps its slice of the logits;
 only per-token scalars are all-reduced) on the last pipeline stage, then broadcast over PP. The two roles
@@ -31,6 +33,7 @@ class PolicyWorker(MegatronWorker):
         if role not in ("actor", "ref"):
             raise ValueError(f"PolicyWorker plays 'actor' or 'ref', not {role!r}")
         super().__init__(cfg, role, trainable=role == "actor", total_steps=total_steps)
+        self.hybrid = None  # the rollout engine, started by the first generate()
 
     def _token_log_probs(self, mb: dict, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log p of each response token, the vocab-parallel logits at those positions) — [k, R], [k, R, V/tp]."""
@@ -67,6 +70,24 @@ class PolicyWorker(MegatronWorker):
 
         shapes = {name: (width,), **({"entropy": (width,)} if with_entropy else {})}
         return Batch(tensors=self.forward_rows(seqs, compute, shapes))
+
+    @register(Dispatch.GEN_DP_COMPUTE)
+    def generate(self, prompts: Batch, validate: bool = False) -> Batch:
+        """Sample responses for this generation replica's share of `prompts` (rollout.* sampling, or
+        rollout.val.* when `validate`) with the current weights."""
+        from megarl.hybrid.engine import HybridEngine
+
+        self._require("actor", "generate")
+        self._check_loaded()
+        if self.hybrid is None:
+            self.hybrid = HybridEngine(self)
+        return self.hybrid.generate(prompts, validate)
+
+    def shutdown(self) -> None:
+        if self.hybrid is not None:  # vLLM's groups go before megatron's
+            self.hybrid.close()
+            self.hybrid = None
+        super().shutdown()
 
     @register(Dispatch.DP_COMPUTE)
     def update(self, batch: Batch) -> dict[str, float]:

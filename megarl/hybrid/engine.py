@@ -1,0 +1,79 @@
+"""HybridEngine: the actor's colocated rollout engine and the transitions around each generation.
+
+    generate(prompts):
+      1. offload the optimizer state / gradients (actor.offload_optimizer / offload_grads)
+      2. wake the engine's weights (GPU), reshard the training shards into the generation layout and
+         push them into the engine bucket by bucket, wake its KV cache
+      3. generate this generation replica's prompts
+      4. put the engine to sleep (GPU: frees weights and KV cache), reload the training state
+
+The engine's TP groups are the plan's (strided inside each training TP group), so the reshard moves
+only the bytes of the plan's floor. One HybridEngine per actor rank; every rank of the training world
+takes part in every call (the reshard is collective).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from megarl.hybrid.plan import GenerationPlan
+from megarl.hybrid.reshard import Resharder, ReshardStats
+from megarl.protocol import Batch
+
+
+class HybridEngine:
+    def __init__(self, worker) -> None:
+        from megarl.rollout.vllm import VLLMRollout
+
+        cfg = worker.cfg
+        self.worker = worker
+        self.plan = GenerationPlan.for_layout(worker.layout, cfg.rollout.tp, worker.arch.num_kv_heads)
+        self.resharder = Resharder(
+            worker.chunks,
+            worker.arch,
+            self.plan,
+            bucket_bytes=cfg.rollout.reshard_bucket_mib << 20,
+            naive=cfg.rollout.naive_reshard,
+        )
+        self.rollout = VLLMRollout(cfg, tp_groups=self.plan.gen_tp_groups)
+        self.rollout.sleep()  # frees device memory for training; a no-op on CPU
+        self.last_stats: ReshardStats | None = None  # this rank's numbers of the latest sync
+
+    def sync_weights(self) -> ReshardStats:
+        """Reshard the current training weights into the engine (collective over the world)."""
+        stats = ReshardStats()
+        self.rollout.wake_up(["weights"])
+        for bucket in self.resharder.buckets(stats):
+            start = time.perf_counter()
+            self.rollout.load_weights(bucket)
+            stats.seconds["engine_load"] = stats.seconds.get("engine_load", 0.0) + time.perf_counter() - start
+        self.rollout.wake_up(["kv_cache"])
+        self.last_stats = stats
+        return stats
+
+    def generate(self, prompts: Batch, validate: bool = False) -> Batch:
+        """Responses for this generation replica's prompts, with the training state set aside meanwhile."""
+        cfg = self.worker.cfg
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        offloads = self.worker.offload(params=False)
+        timings["offload"] = time.perf_counter() - start
+        stats = self.sync_weights()
+        start = time.perf_counter()
+        out = self.rollout.generate(prompts, cfg.rollout.val if validate else cfg.rollout)
+        timings["generate"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.rollout.sleep()
+        reloads = self.worker.reload()
+        timings["reload"] = time.perf_counter() - start
+        out.meta["hybrid_engine"] = {
+            "reshard": {**asdict(stats), "ratio": stats.ratio},
+            "seconds": timings,
+            "offloaded": offloads,
+            "reloaded": reloads,
+        }
+        return out
+
+    def close(self) -> None:
+        self.rollout.close()

@@ -1,0 +1,111 @@
+"""The rollout interface: prompts in, sampled responses with the engine's own log-probs out.
+
+`Rollout.generate(batch, sampling)` takes a Batch of left-padded prompts and returns verl's rollout
+schema, one row per sample, the samples of a prompt adjacent (m = prompts × sampling.n rows):
+
+| column              | shape        | what                                                               |
+|---------------------|--------------|--------------------------------------------------------------------|
+| `prompts`           | [m, P] long  | the prompt, left-padded with the pad id (as given)                 |
+| `responses`         | [m, R] long  | sampled tokens, right-padded with the pad id; R = max_tokens       |
+| `input_ids`         | [m, P+R]     | prompts ‖ responses                                                |
+| `attention_mask`    | [m, P+R] long| 1 on real prompt and response tokens                               |
+| `response_mask`     | [m, R] float | 1 on sampled tokens (the stop/EOS token included)                  |
+| `rollout_log_probs` | [m, R] fp32  | the engine's log-prob of each sampled token; 0 on padding          |
+| `uid`               | [m]          | the prompt's group id (the input's `uid` column, else its row)     |
+| `finish_reason`     | [m] str      | "stop" (EOS, stop token or stop string) or "length" (max_tokens)   |
+
+Every other input column (and `meta`) is carried through, repeated once per sample.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from megarl.config.schema import SamplingConfig
+from megarl.protocol import Batch
+
+ROLLOUT_COLUMNS = (
+    "prompts",
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "response_mask",
+    "rollout_log_probs",
+    "uid",
+    "finish_reason",
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated response: its tokens, the engine's log-prob of each, and why it ended."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str
+
+
+class Rollout(ABC):
+    """A generation engine seen from the trainer."""
+
+    @abstractmethod
+    def generate(self, batch: Batch, sampling: SamplingConfig) -> Batch:
+        """Sample `sampling.n` responses per prompt of `batch`; returns the schema in this module's doc."""
+
+
+def prompt_token_ids(batch: Batch) -> list[list[int]]:
+    """Each row's real prompt tokens: `prompts` with the left padding (attention_mask == 0) removed."""
+    prompts, mask = batch["prompts"], batch["attention_mask"].bool()
+    if prompts.shape != mask.shape:
+        raise ValueError(f"prompts {tuple(prompts.shape)} and attention_mask {tuple(mask.shape)} differ")
+    lengths = mask.sum(dim=1)
+    # Left padding: row i's mask is (P - len_i) zeros then len_i ones.
+    expected = torch.arange(mask.shape[1]) >= (mask.shape[1] - lengths)[:, None]
+    bad = ((mask != expected).any(dim=1) | (lengths == 0)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"prompt rows {bad} are not left-padded non-empty prompts (check attention_mask)")
+    return [row[m].tolist() for row, m in zip(prompts, mask)]
+
+
+def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pad_token_id: int) -> Batch:
+    """Assemble the rollout schema from `batch` (the prompts) and `samples[i]` (prompt i's samples)."""
+    if len(samples) != len(batch):
+        raise ValueError(f"got samples for {len(samples)} prompts, the batch has {len(batch)}")
+    n = len(samples[0]) if samples else 0
+    if any(len(s) != n for s in samples):
+        raise ValueError(f"every prompt needs the same number of samples, got {[len(s) for s in samples]}")
+    flat = [s for per_prompt in samples for s in per_prompt]
+    too_long = [len(s.token_ids) for s in flat if len(s.token_ids) > max_tokens]
+    if too_long:
+        raise ValueError(f"responses of {too_long} tokens exceed max_tokens={max_tokens}")
+
+    m = len(flat)
+    responses = torch.full((m, max_tokens), pad_token_id, dtype=torch.long)
+    log_probs = torch.zeros(m, max_tokens, dtype=torch.float32)
+    response_mask = torch.zeros(m, max_tokens, dtype=torch.float32)
+    for row, s in enumerate(flat):
+        length = len(s.token_ids)
+        responses[row, :length] = torch.tensor(s.token_ids, dtype=torch.long)
+        log_probs[row, :length] = torch.tensor(s.log_probs, dtype=torch.float32)
+        response_mask[row, :length] = 1.0
+
+    carried = batch.repeat(n)
+    prompts = carried["prompts"]
+    uid = carried["uid"] if "uid" in batch else torch.arange(len(batch)).repeat_interleave(n)
+    own = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": torch.cat([carried["attention_mask"].long(), response_mask.long()], dim=1),
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs,
+        "uid": uid,
+        "finish_reason": [s.finish_reason for s in flat],
+    }
+    out = carried.select([k for k in carried.keys() if k not in own])
+    for key, value in own.items():
+        out[key] = value
+    return out

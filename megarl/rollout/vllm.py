@@ -1,0 +1,265 @@
+"""VLLMRollout: a vLLM engine inside the training process, one per generation tensor-parallel group.
+
+Every rank builds its own in-process `vllm.LLM` (no engine subprocesses) in vLLM's external-launcher
+mode; the ranks of one generation TP group form one engine replica and must call `generate` with the
+same prompts, the way the generation-layout dispatch hands them out. The groups are given (the
+3D-HybridEngine's plan, e.g. strided [[0, 2], [1, 3]]) rather than vLLM's consecutive ones. Weights
+come from the HF checkpoint at start-up and are replaced in place by `load_weights` after each sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megarl.config.schema import MegarlConfig, SamplingConfig
+from megarl.protocol import Batch
+from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
+from megarl.rollout.colocate import engine_call
+from megarl.rollout.vllm_groups import (
+    check_tp_groups,
+    consecutive_groups,
+    engine_tp_ranks,
+    given_tp_groups,
+    spare_default_process_group,
+)
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Log-probs of the distribution actually sampled from (temperature, top-k/top-p applied).
+_LOGPROBS_MODE = "processed_logprobs"
+
+
+def checkpoint_names_by_layer(
+    engine_params: Iterable[str], packed: Mapping[str, list[str]]
+) -> dict[str, set[str]]:
+    """For each engine layer, the Hugging Face names of every tensor that fills it. `engine_params` are
+    the engine's parameter names (fused: `qkv_proj.weight`), `packed` the model's fused-layer table
+    (`{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}`)."""
+    layers: dict[str, set[str]] = {}
+    for name in engine_params:
+        layer, _, suffix = name.rpartition(".")
+        parent, _, leaf = layer.rpartition(".")
+        prefix = f"{parent}." if parent else ""
+        layers.setdefault(layer, set()).update(
+            f"{prefix}{part}.{suffix}" for part in packed.get(leaf, [leaf])
+        )
+    return layers
+
+
+def check_complete_layers(names: Iterable[str], layers: Mapping[str, set[str]]) -> None:
+    """Raise unless each engine layer that `names` touches gets all of its tensors. vLLM reprocesses a
+    layer once all of it has arrived; a layer sent in part (q without k and v, weights without the
+    bias) is processed with the rest uninitialised and silently corrupts generation."""
+    names = set(names)
+    layer_of = {hf: layer for layer, hf_names in layers.items() for hf in hf_names}
+    missing = set().union(*(layers[layer_of[n]] for n in names if n in layer_of)) - names
+    if missing:
+        raise ValueError(
+            f"load_weights got part of an engine layer; also send {sorted(missing)} in the same call"
+        )
+
+
+@contextlib.contextmanager
+def _log_level(logger: str, level: int) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    previous = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(previous)
+
+
+def _engine_layers(worker) -> dict[str, set[str]]:
+    model = worker.model_runner.model
+    packed = getattr(model, "packed_modules_mapping", {})
+    return checkpoint_names_by_layer((name for name, _ in model.named_parameters()), packed)
+
+
+def _reprocess_tied_layers(worker) -> int:
+    """Redo the post-load processing of layers that share their weight with another layer (a tied
+    lm_head). vLLM's in-place reload skips a layer that received no tensor of its own, so the tied
+    lm_head kept kernel state built from the old embedding (the CPU backend's packed GEMM weight):
+    its logits silently stayed those of the old weights. Returns how many layers were redone."""
+    sharers: dict[int, list] = {}
+    for module in worker.model_runner.model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and hasattr(module, "quant_method"):
+            sharers.setdefault(id(weight), []).append(module)
+    tied = [m for modules in sharers.values() if len(modules) > 1 for m in modules]
+    for module in tied:
+        module.quant_method.process_weights_after_loading(module)
+    return len(tied)
+
+
+class VLLMRollout(Rollout):
+    """vLLM generation for this rank's replica. Needs torch.distributed initialised (all ranks of the
+    world create their engine together) and, on CPU, `rollout.kv_cache_memory_bytes`.
+
+    `tp_groups` lists every generation TP group as global ranks (default: runs of `rollout.tp`
+    consecutive ranks); all ranks pass the same list.
+    """
+
+    def __init__(self, cfg: MegarlConfig, tp_groups: list[list[int]] | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "initialise torch.distributed before creating VLLMRollout "
+                "(megarl.distributed.backend.init_distributed); the engine joins its world"
+            )
+        r = cfg.rollout
+        if r.kv_cache_memory_bytes is None and not torch.cuda.is_available():
+            raise ValueError(
+                "rollout.kv_cache_memory_bytes must be set on CPU (e.g. 67108864 for 64 MiB); "
+                "the memory fraction would reserve that share of host RAM on every rank"
+            )
+        world, rank = dist.get_world_size(), dist.get_rank()
+        groups = tp_groups or consecutive_groups(world, r.tp)
+        if check_tp_groups(groups, world) != r.tp:
+            raise ValueError(f"generation TP groups {groups} do not have rollout.tp={r.tp} ranks each")
+        self.cfg = cfg
+        self.tp_groups = [list(g) for g in groups]
+        self.replica = next(i for i, g in enumerate(self.tp_groups) if rank in g)
+        # Per-request sampling seeds derive from (seed, replica, sampling_step); sampling_step counts
+        # generate calls, so restoring both resumes the same seed stream.
+        self.seed = cfg.trainer.seed if r.seed is None else r.seed
+        self.sampling_step = 0
+        self.llm = self._start_engine()
+        self.pad_token_id = self._pad_token_id()
+        self.layers = self.llm.collective_rpc(_engine_layers)[0]
+
+    def _start_engine(self):
+        # In-process engine core; the external launcher refuses to run without it.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        spare_default_process_group()
+        cfg, r = self.cfg, self.cfg.rollout
+        longest = max(t or cfg.data.max_response_length for t in (r.max_tokens, r.val.max_tokens))
+        with engine_call(), given_tp_groups(self.tp_groups):
+            return LLM(
+                model=cfg.model.path,
+                tokenizer=cfg.model.tokenizer_path or cfg.model.path,
+                trust_remote_code=cfg.model.trust_remote_code,
+                dtype=_DTYPES[cfg.model.dtype],
+                tensor_parallel_size=r.tp,
+                distributed_executor_backend="external_launcher",
+                seed=self.seed,
+                max_model_len=cfg.data.max_prompt_length + longest,
+                max_num_seqs=r.max_num_seqs,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+                enforce_eager=r.enforce_eager,
+                enable_prefix_caching=True,
+                enable_sleep_mode=self.can_sleep,
+                logprobs_mode=_LOGPROBS_MODE,
+            )
+
+    def _pad_token_id(self) -> int:
+        tokenizer = self.llm.get_tokenizer()
+        pad = tokenizer.pad_token_id
+        return tokenizer.eos_token_id if pad is None else pad
+
+    @property
+    def tp_ranks(self) -> list[int]:
+        """The global ranks of the TP group this rank's engine actually runs with."""
+        return engine_tp_ranks()
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether the engine can release its memory between generations (vLLM sleep mode: GPU only)."""
+        return torch.cuda.is_available()
+
+    def _request_seeds(self, n_prompts: int) -> list[int]:
+        """One seed per prompt, fresh for every call and replica; the same on every rank of a replica,
+        so its TP ranks sample identical tokens. vLLM gives sample j of a prompt seed + j."""
+        sequence = np.random.SeedSequence([self.seed, self.replica, self.sampling_step])
+        self.sampling_step += 1
+        return [int(s) >> 1 for s in sequence.generate_state(n_prompts, dtype=np.uint32)]
+
+    def generate(self, batch: Batch, sampling: SamplingConfig) -> Batch:
+        """Sample `sampling.n` responses per prompt; see `megarl.rollout.base` for the returned columns."""
+        from vllm import SamplingParams
+
+        max_tokens = sampling.max_tokens or self.cfg.data.max_response_length
+        prompts = prompt_token_ids(batch)
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=max_tokens,
+                stop_token_ids=list(sampling.stop_token_ids),
+                stop=list(sampling.stop),
+                detokenize=bool(sampling.stop),
+                logprobs=0,
+                seed=seed,
+            )
+            for seed in self._request_seeds(len(prompts))
+        ]
+        with engine_call():
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        samples = [
+            [
+                Sample(
+                    token_ids=list(c.token_ids),
+                    log_probs=[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
+                    finish_reason=c.finish_reason,
+                )
+                for c in sorted(out.outputs, key=lambda c: c.index)
+            ]
+            for out in outputs
+        ]
+        return rollout_batch(batch, samples, max_tokens, self.pad_token_id)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace engine weights in place from Hugging Face-named, full (unsharded) tensors.
+
+        Any subset of the model may be sent, in buckets of whole engine layers: every tensor of a layer
+        in one call (q, k and v with their biases; gate and up). Each engine takes its own TP shard;
+        cached prefixes computed with the old weights are dropped.
+        """
+        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        check_complete_layers((name for name, _ in weights), self.layers)
+        # vLLM warns once per layer a call leaves alone; in a bucketed push that is every other layer.
+        with engine_call(), _log_level("vllm.model_executor.model_loader.reload.layerwise", logging.ERROR):
+            # The CPU backend repacks linear weights, so the model's own load_weights cannot be used;
+            # the worker's reload_weights undoes and redoes that processing layer by layer.
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.collective_rpc(_reprocess_tied_layers)
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError(
+                    "vLLM kept its prefix cache (requests still running); outputs would mix weights"
+                )
+
+    def sleep(self, level: int = 1) -> bool:
+        """Release the engine's device memory (level 1: weights to host, KV cache dropped; level 2: both
+        dropped). Returns False, doing nothing, where vLLM has no sleep mode (CPU)."""
+        if not self.can_sleep:
+            return False
+        with engine_call():
+            self.llm.sleep(level=level)
+        return True
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Re-allocate what `sleep` released ("weights", "kv_cache"; None = both). False on CPU."""
+        if not self.can_sleep:
+            return False
+        with engine_call():
+            self.llm.wake_up(tags=tags)
+        return True
+
+    def close(self) -> None:
+        """Shut the engine down and destroy vLLM's process groups; the default group keeps working.
+        Every rank must call it (the group teardown is collective)."""
+        with engine_call():
+            self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
