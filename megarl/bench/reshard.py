@@ -2,7 +2,7 @@
 
 Launches `--nproc` ranks, loads the HF checkpoint into Megatron at TP × PP (DP = the rest), builds the
 generation plan for `--gen-tp`, and reshards the weights into generation-TP shards of HF tensors
-(what the rollout engine loads) in buckets. Reports per rank: bytes received, the plan's floor and
+(what the rollout engine loads) in buckets — pushed into a real vLLM engine with `--engine`. Reports per rank: bytes received, the plan's floor and
 their ratio, seconds per phase (PP broadcast, micro-DP gather, HF layout), and the peak extra memory
 over the transition (RSS on CPU, allocated on GPU). Both paths run unless `--naive` or `--zero-only`
 picks one.
@@ -27,8 +27,8 @@ def _memory() -> int:
     return psutil.Process().memory_info().rss
 
 
-def transition(worker, plan, naive: bool, bucket_bytes: int) -> dict:
-    """One full reshard (buckets consumed and dropped, as an engine push would); per-rank numbers."""
+def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dict:
+    """One full reshard, each bucket pushed into `engine` (a VLLMRollout) or dropped; per-rank numbers."""
     from megarl.hybrid.reshard import Resharder, ReshardStats
 
     resharder = Resharder(worker.chunks, worker.arch, plan, bucket_bytes=bucket_bytes, naive=naive)
@@ -37,6 +37,13 @@ def transition(worker, plan, naive: bool, bucket_bytes: int) -> dict:
     start = time.perf_counter()
     for bucket in resharder.buckets(stats):
         peak = max(peak, _memory())
+        if engine is not None:
+            pushed = time.perf_counter()
+            engine.load_weights(bucket)
+            stats.seconds["engine_load"] = (
+                stats.seconds.get("engine_load", 0.0) + time.perf_counter() - pushed
+            )
+            peak = max(peak, _memory())
         del bucket
     seconds = time.perf_counter() - start
     return {
@@ -64,16 +71,29 @@ def bench_rank(args: argparse.Namespace) -> None:
     cfg.actor.parallel.tp, cfg.actor.parallel.pp = args.tp, args.pp
     worker = PolicyWorker(cfg, "ref")  # the weights are what matters; no optimizer needed
     plan = GenerationPlan.for_layout(worker.layout, args.gen_tp, worker.arch.num_kv_heads)
+    engine = None
+    if args.engine:
+        from megarl.rollout.vllm import VLLMRollout
+
+        cfg.rollout.tp, cfg.rollout.enforce_eager = args.gen_tp, True
+        cfg.rollout.kv_cache_memory_bytes = 16 << 20
+        cfg.data.max_prompt_length = cfg.data.max_response_length = 64
+        engine = VLLMRollout(cfg, tp_groups=plan.gen_tp_groups)
     paths = (
         ["naive"] if args.naive else ["zero_redundancy"] if args.zero_only else ["zero_redundancy", "naive"]
     )
     result = {"plan": plan.describe(), "model_bytes": _model_bytes(worker)}
     for path in paths:
-        runs = [transition(worker, plan, path == "naive", args.bucket_mib << 20) for _ in range(args.repeats)]
+        runs = [
+            transition(worker, plan, path == "naive", args.bucket_mib << 20, engine)
+            for _ in range(args.repeats)
+        ]
         mine = {**runs[-1], "seconds": statistics.median(r["seconds"] for r in runs)}
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         result[path] = everyone
+    if engine is not None:
+        engine.close()
     if dist.get_rank() == 0:
         report(result)
     dist.barrier()
@@ -105,9 +125,11 @@ def summarize(result: dict) -> str:
         ranks = result[path]
         lines.append(f"{path}:")
         for rank, r in enumerate(ranks):
+            phases = "  ".join(f"{k} {v * 1e3:.0f}" for k, v in r["phase_seconds"].items())
             lines.append(
                 f"  rank {rank}: received {r['received_bytes'] / 2**20:8.3f} MiB  floor {r['floor_bytes'] / 2**20:8.3f} MiB"
-                f"  ratio {r['ratio']:.2f}  {r['seconds'] * 1e3:7.1f} ms  peak +{r['peak_extra_bytes'] / 2**20:.1f} MiB"
+                f"  ratio {r['ratio']:.2f}  {r['seconds'] * 1e3:7.1f} ms ({phases} ms)"
+                f"  peak +{r['peak_extra_bytes'] / 2**20:.1f} MiB"
             )
     return "\n".join(lines)
 
@@ -119,6 +141,7 @@ def run(args: argparse.Namespace) -> dict:
     rank_args += ["--gen-tp", str(args.gen_tp), "--repeats", str(args.repeats), "--dtype", args.dtype]
     rank_args += ["--bucket-mib", str(args.bucket_mib)]
     rank_args += ["--naive"] if args.naive else ["--zero-only"] if args.zero_only else []
+    rank_args += ["--engine"] if args.engine else []
     launch = run_torchrun("megarl.bench.reshard", rank_args, nproc=args.nproc)
     if not launch.results:
         raise RuntimeError(f"reshard benchmark failed:\n{launch.failure_summary()}")
@@ -136,6 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-mib", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--engine", action="store_true", help="also push every bucket into a vLLM engine")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

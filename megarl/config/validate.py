@@ -175,6 +175,12 @@ def _check_rollout(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str
             1,
             "or null to use the fraction",
         )
+    at_least(problems, "rollout.reshard_bucket_mib", r.reshard_bucket_mib, 1, "e.g. 256")
+    for key, sampling in (("rollout", r), ("rollout.val", r.val)):
+        if sampling.max_tokens is not None:
+            at_least(
+                problems, f"{key}.max_tokens", sampling.max_tokens, 1, "or null for data.max_response_length"
+            )
 
 
 def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:

@@ -116,6 +116,8 @@ INVALID = [
     ),
     (["ref.enable=false"], ["algorithm.use_kl_loss=true needs the reference model", "set ref.enable=true"]),
     (["reward.enable=true"], ["reward.model_path is not set", "set reward.model_path="]),
+    (["rollout.reshard_bucket_mib=0"], ["rollout.reshard_bucket_mib=0", "e.g. 256"]),
+    (["rollout.val.max_tokens=0"], ["rollout.val.max_tokens=0", "data.max_response_length"]),
     (
         ["reward.model_path={tmp}", "reward.backend=hf", "reward.parallel.tp=2"],
         ["reward.backend=hf runs the classifier data-parallel only", "use reward.backend=megatron"],
