@@ -69,10 +69,9 @@ def _median_seconds(fn, arg, repeats: int) -> float:
 def bench_rank(args: argparse.Namespace) -> None:
     """Rank code under torchrun."""
     import torch
-    import torch.distributed as dist
 
     from megarl.controller.spmd import SPMDWorkerGroup
-    from megarl.distributed.launch import report
+    from megarl.distributed.launch import report_from_rank_zero
     from megarl.models.from_hf import ModelArchitecture
     from megarl.protocol import Batch
     from megarl.workers.policy import PolicyWorker
@@ -111,9 +110,7 @@ def bench_rank(args: argparse.Namespace) -> None:
         "log_prob": result["padded"]["log_prob_seconds"] / result["packed"]["log_prob_seconds"],
         "update": result["padded"]["update_seconds"] / result["packed"]["update_seconds"],
     }
-    if dist.get_rank() == 0:
-        report(result)
-    dist.barrier()
+    report_from_rank_zero(result)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -62,7 +62,7 @@ def bench_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from megarl.config.schema import MegarlConfig
-    from megarl.distributed.launch import report
+    from megarl.distributed.launch import report_from_rank_zero
     from megarl.hybrid.plan import GenerationPlan
     from megarl.workers.policy import PolicyWorker
 
@@ -94,9 +94,7 @@ def bench_rank(args: argparse.Namespace) -> None:
         result[path] = everyone
     if engine is not None:
         engine.close()
-    if dist.get_rank() == 0:
-        report(result)
-    dist.barrier()
+    report_from_rank_zero(result)
 
 
 def _model_bytes(worker) -> int:

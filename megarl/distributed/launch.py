@@ -59,3 +59,13 @@ def run_torchrun(module: str, args: list[str], nproc: int, timeout: float | None
 def report(result: dict) -> None:
     """Rank code calls this to hand one JSON-serialisable result back to the launcher."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def report_from_rank_zero(result: dict) -> int:
+    """Rank 0 hands `result` to the launcher and every rank waits for it; returns 0, the exit code."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        report(result)
+    dist.barrier()
+    return 0

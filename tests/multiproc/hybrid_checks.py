@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig
 from megarl.controller.spmd import SPMDWorkerGroup
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 from megarl.workers.policy import PolicyWorker
 
@@ -95,10 +95,7 @@ def main() -> int:
     dist.all_gather_object(ranks, {c: r["engine_ranks"] for c, r in results.items()})
     for case in cases:
         results[case]["engine_ranks"] = [r[case] for r in ranks]
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":

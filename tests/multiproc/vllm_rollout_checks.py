@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
+from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 
 N_PROMPTS, PROMPT, RESPONSE = 4, 8, 10
@@ -295,10 +295,7 @@ def main() -> int:
     model, perturbed, part = sys.argv[1:4]
     init_distributed()
     results = check_single(model, perturbed) if part == "single" else check_tp(model, perturbed)
-    if dist.get_rank() == 0:
-        report(results)
-    dist.barrier()
-    return 0
+    return report_from_rank_zero(results)
 
 
 if __name__ == "__main__":
