@@ -24,6 +24,7 @@ def skewed_batch(vocab: int, rows: int, prompt: int, response: int, seed: int = 
     import torch
 
     from megarl.protocol import Batch
+    from megarl.rollout.base import Sample, rollout_batch
 
     g = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(8, prompt + 1, (rows,), generator=g)
@@ -31,16 +32,15 @@ def skewed_batch(vocab: int, rows: int, prompt: int, response: int, seed: int = 
     response_lens = response_lens.long().clamp(1, response)
     response_lens[0] = response
     prompts = torch.zeros(rows, prompt, dtype=torch.long)
-    responses = torch.zeros(rows, response, dtype=torch.long)
-    mask = torch.zeros(rows, prompt + response, dtype=torch.long)
-    for i in range(rows):
-        p, r = int(prompt_lens[i]), int(response_lens[i])
-        prompts[i, prompt - p :] = torch.randint(1, vocab, (p,), generator=g)
-        responses[i, :r] = torch.randint(1, vocab, (r,), generator=g)
-        mask[i, prompt - p : prompt + r] = 1
-    tensors = {"prompts": prompts, "responses": responses, "attention_mask": mask}
-    tensors["input_ids"] = torch.cat([prompts, responses], dim=1)
-    return Batch(tensors=tensors)
+    mask = torch.arange(prompt) >= prompt - prompt_lens[:, None]
+    prompts[mask] = torch.randint(1, vocab, (int(mask.sum()),), generator=g)
+    samples = [
+        [Sample(torch.randint(1, vocab, (int(r),), generator=g).tolist(), [0.0] * int(r), "length")]
+        for r in response_lens
+    ]
+    return rollout_batch(
+        Batch(tensors={"prompts": prompts, "attention_mask": mask.long()}), samples, response, 0
+    )
 
 
 def _config(hf: str, tp: int, mode: str, micro_batch_size: int, budget: int, rows: int):

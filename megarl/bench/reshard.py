@@ -17,33 +17,24 @@ import sys
 import time
 
 
-def _memory() -> int:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.memory_allocated()
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dict:
     """One full reshard, each bucket pushed into `engine` (a VLLMRollout) or dropped; per-rank numbers."""
+    from megarl.hybrid.offload import device_memory_bytes
     from megarl.hybrid.reshard import Resharder, ReshardStats
 
     resharder = Resharder(worker.chunks, worker.arch, plan, bucket_bytes=bucket_bytes, naive=naive)
     stats = ReshardStats()
-    before = peak = _memory()
+    before = peak = device_memory_bytes()
     start = time.perf_counter()
     for bucket in resharder.buckets(stats):
-        peak = max(peak, _memory())
+        peak = max(peak, device_memory_bytes())
         if engine is not None:
             pushed = time.perf_counter()
             engine.load_weights(bucket)
             stats.seconds["engine_load"] = (
                 stats.seconds.get("engine_load", 0.0) + time.perf_counter() - pushed
             )
-            peak = max(peak, _memory())
+            peak = max(peak, device_memory_bytes())
         del bucket
     seconds = time.perf_counter() - start
     return {

@@ -198,7 +198,7 @@ def _offload(owner, state: str, storages, target: OffloadTarget | None, keep_val
         raise RuntimeError(f"{state} are already offloaded; reload them before offloading again")
     target = target or HostMemory()
     _release_freed_memory()  # so that `before` holds no garbage of earlier work
-    before, start = _device_bytes(), time.perf_counter()
+    before, start = device_memory_bytes(), time.perf_counter()
     sizes = [s.nbytes() for s in storages]
     views = [_byte_view(s) for s in storages]
     stored = target.store(views, state) if keep_values else _Dropped()
@@ -216,7 +216,7 @@ def _offload(owner, state: str, storages, target: OffloadTarget | None, keep_val
         sum(sizes),
         len(storages),
         before,
-        _device_bytes(),
+        device_memory_bytes(),
         time.perf_counter() - start,
     )
 
@@ -225,7 +225,7 @@ def _reload(owner, state: str) -> OffloadReport:
     entry = _offloaded.get(owner, {}).pop(state, None)
     if entry is None:
         raise RuntimeError(f"{state} are not offloaded; nothing to reload")
-    before, start = _device_bytes(), time.perf_counter()
+    before, start = device_memory_bytes(), time.perf_counter()
     for storage, size in zip(entry.storages, entry.sizes):
         storage.resize_(size)
     entry.stored.load_into([_byte_view(s) for s in entry.storages])
@@ -238,7 +238,7 @@ def _reload(owner, state: str) -> OffloadReport:
         sum(entry.sizes),
         len(entry.storages),
         before,
-        _device_bytes(),
+        device_memory_bytes(),
         time.perf_counter() - start,
     )
 
@@ -310,7 +310,8 @@ def reload_optimizer(opt: TrainOptimizer) -> OffloadReport:
 # --- device memory ---------------------------------------------------------------------------------
 
 
-def _device_bytes() -> int:
+def device_memory_bytes() -> int:
+    """Compute-device memory in use: torch.cuda.memory_allocated on GPU, the process RSS on CPU."""
     if torch.cuda.is_available():
         return torch.cuda.memory_allocated()
     import psutil

@@ -20,6 +20,7 @@ full tensor to every rank instead, for comparison.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from megarl.distributed.backend import device
 from megarl.hybrid.plan import GenerationPlan
 from megarl.models.convert import llama
 from megarl.models.convert.loader import global_named_parameters
@@ -156,13 +158,15 @@ class Resharder:
         start = time.perf_counter()
         kind = llama.param_map(entry.name, self.arch)[0].kind
         param_bytes = (
-            _numel(entry.shape) * entry.dtype.itemsize * (1 if kind == "replicated" else self.plan.layout.tp)
+            math.prod(entry.shape)
+            * entry.dtype.itemsize
+            * (1 if kind == "replicated" else self.plan.layout.tp)
         )
         stats.floor_bytes += self.plan.received_bytes(self.rank, param_bytes, kind, entry.owners)
         if self.coords.pp in entry.owners:
             shard = self.local[entry.name].detach()
         else:
-            shard = torch.empty(entry.shape, dtype=entry.dtype, device=_device())
+            shard = torch.empty(entry.shape, dtype=entry.dtype, device=device())
         if len(entry.owners) < self.plan.layout.pp:
             shard = shard.contiguous()
             dist.broadcast(shard, src=self.pp_ranks[entry.owners[0]], group=self.pp_group)
@@ -251,16 +255,3 @@ def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tens
 
 def _module(name: str) -> str:
     return name.rsplit(".", 1)[0]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _device() -> torch.device:
-    from megarl.distributed.backend import device
-
-    return device()

@@ -17,13 +17,20 @@ import torch
 LossFn = Callable[[dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
 
 
-def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """log p(label) from vocab-parallel logits [b, s, V/tp]; padded vocabulary columns are excluded."""
-    from megatron.core import parallel_state, tensor_parallel
+def _padded_columns(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """True for this TP rank's logit columns that are vocabulary padding (beyond `vocab_size`)."""
+    from megatron.core import parallel_state
 
     local = logits.shape[-1]
     first = parallel_state.get_tensor_model_parallel_rank() * local
-    padded = torch.arange(first, first + local, device=logits.device) >= vocab_size
+    return torch.arange(first, first + local, device=logits.device) >= vocab_size
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log p(label) from vocab-parallel logits [b, s, V/tp]; padded vocabulary columns are excluded."""
+    from megatron.core import tensor_parallel
+
+    padded = _padded_columns(logits, vocab_size)
     # masked_fill also copies: megatron's cross entropy overwrites its input with exp(logits).
     logits = logits.float().masked_fill(padded, float("-inf"))
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
@@ -42,9 +49,7 @@ def vocab_parallel_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tenso
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
-    local = logits.shape[-1]
-    first = parallel_state.get_tensor_model_parallel_rank() * local
-    padded = torch.arange(first, first + local, device=logits.device) >= vocab_size
+    padded = _padded_columns(logits, vocab_size)
     logits = logits.float().masked_fill(padded, float("-inf"))
     shift = logits.detach().max(dim=-1, keepdim=True).values
     dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group())

@@ -66,8 +66,7 @@ class MegatronWorker(Worker):
         self.cfg, self.role = cfg, role
         self.role_cfg = getattr(cfg, _ROLE_SECTIONS[role])
         self.arch = self._architecture()
-        self.optimizer_wanted = trainable
-        self.chunks = self._load_chunks()
+        self.chunks = self._load_chunks(recompute=trainable and cfg.model.gradient_checkpointing)
         self.optimizer = None
         self.offloaded: list[str] = []
         if trainable:
@@ -95,7 +94,7 @@ class MegatronWorker(Worker):
     def _architecture(self) -> ModelArchitecture:
         return ModelArchitecture.from_pretrained(self.model_path())
 
-    def _load_chunks(self) -> list[torch.nn.Module]:
+    def _load_chunks(self, recompute: bool) -> list[torch.nn.Module]:
         from megatron.core import parallel_state
 
         model = self.cfg.model
@@ -104,7 +103,7 @@ class MegatronWorker(Worker):
             self.layout,
             model.dtype,
             model.make_vocab_size_divisible_by,
-            recompute=model.gradient_checkpointing and self.optimizer_wanted,
+            recompute=recompute,
         )
         chunks = [chunk.to(device()) for chunk in chunks]
         load_hf_into_chunks(
@@ -190,12 +189,7 @@ class MegatronWorker(Worker):
 
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
         budget = self.role_cfg.max_tokens_per_micro_batch
-        sub = Sequences(
-            [seqs.tokens[r] for r in rows],
-            [seqs.prompt_lens[r] for r in rows],
-            [seqs.response_lens[r] for r in rows],
-            seqs.response_width,
-        )
+        sub = seqs.subset(rows)
         if budget:
             groups = micro_batches_by_tokens(sub.lengths, budget)
             length = max(sum(sub.lengths[i] for i in g) for g in groups)

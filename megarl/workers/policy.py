@@ -130,12 +130,8 @@ class PolicyWorker(MegatronWorker):
                 entropy.detach(), mask, "token-mean", num_tokens=counts.num_tokens
             )
         if algo.use_kl_loss:
-            kl = aggregate(kl_penalty(log_probs, mb["ref_log_prob"], algo.kl_estimator), mask, **_mode(agg))
+            kl = kl_penalty(log_probs, mb["ref_log_prob"], algo.kl_estimator)
+            kl = aggregate(kl, mask, algo.loss_agg_mode, **counts.agg())
             loss = loss + algo.kl_coef * kl
             out["actor/kl_loss"] = kl.detach()
         return loss, out
-
-
-def _mode(agg: dict) -> dict:
-    """aggregate() takes the mode positionally-named `mode`; the losses take `agg_mode`."""
-    return {("mode" if k == "agg_mode" else k): v for k, v in agg.items()}

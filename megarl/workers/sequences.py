@@ -39,6 +39,14 @@ class Sequences:
     def lengths(self) -> list[int]:
         return [len(t) for t in self.tokens]
 
+    def subset(self, rows: list[int]) -> Sequences:
+        return Sequences(
+            [self.tokens[r] for r in rows],
+            [self.prompt_lens[r] for r in rows],
+            [self.response_lens[r] for r in rows],
+            self.response_width,
+        )
+
 
 def sequences_from_batch(batch) -> Sequences:
     """Strip the padding of every row. Needs `input_ids`, `attention_mask` and `responses`."""
