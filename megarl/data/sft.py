@@ -1,0 +1,120 @@
+"""Supervised fine-tuning data: (prompt, response) pairs as rollout-schema batches with a response mask.
+
+Rows (parquet or jsonl) hold either `prompt` + `response` (data.prompt_key / data.response_key; the
+prompt a string or a chat list) or `messages`, a chat list whose last turn is the assistant's response.
+Chat prompts go through the tokenizer's chat template with the generation prompt, exactly as in RL
+rollouts, so the SFT model answers in the format RL will sample; the response ends with EOS. The loss
+covers response tokens only (`response_mask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from megarl.config.schema import DataConfig
+from megarl.data.chat import as_messages
+from megarl.data.files import DataError, read_rows
+from megarl.protocol import Batch
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    where: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+def _split(row: dict, data: DataConfig) -> tuple[object, str] | str:
+    """(prompt, response) of a row, or the reason it is unusable."""
+    if data.prompt_key in row and data.response_key in row:
+        prompt, response = row[data.prompt_key], row[data.response_key]
+    elif isinstance(row.get("messages"), list) and row["messages"]:
+        *context, last = row["messages"]
+        if not isinstance(last, dict) or last.get("role") != "assistant" or not context:
+            return "`messages` must end with an assistant turn after at least one other turn"
+        prompt, response = context, last.get("content")
+    else:
+        return f"needs `{data.prompt_key}` and `{data.response_key}` columns, or a `messages` chat list"
+    if not isinstance(response, str) or not response:
+        return f"the response is not a non-empty string (got {type(response).__name__})"
+    if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, list):
+        return f"the prompt is not a string or chat list (got {type(prompt).__name__})"
+    return prompt, response
+
+
+def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key: str) -> list[SFTExample]:
+    """Every usable row of `files`; rows that are malformed or longer than the length limits are
+    reported once (file and row), and DataError is raised when none is left."""
+    examples, problems, too_long = [], [], 0
+    for path in files:
+        for raw in read_rows(path, config_key):
+            split = _split(raw.value, data) if isinstance(raw.value, dict) else raw.value
+            if isinstance(split, str):
+                problems.append(f"{raw.where}: {split}")
+                continue
+            prompt, response = split
+            if isinstance(prompt, list) or getattr(tokenizer, "chat_template", None):
+                prompt_ids = tokenizer.apply_chat_template(
+                    as_messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            else:
+                prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [
+                tokenizer.eos_token_id
+            ]
+            if len(prompt_ids) > data.max_prompt_length or len(response_ids) > data.max_response_length:
+                too_long += 1
+                continue
+            examples.append(SFTExample(raw.where, list(prompt_ids), response_ids))
+    if problems:
+        shown = "\n  ".join(problems[:5])
+        print(f"megarl sft: skipped {len(problems)} malformed row(s):\n  {shown}", flush=True)
+    if too_long:
+        print(
+            f"megarl sft: skipped {too_long} row(s) longer than data.max_prompt_length="
+            f"{data.max_prompt_length} / data.max_response_length={data.max_response_length}",
+            flush=True,
+        )
+    if not examples:
+        raise DataError(
+            f"{config_key}: no usable SFT rows in {', '.join(files)} ({len(problems)} malformed, {too_long} too "
+            "long); rows need prompt/response columns or a messages list, within the length limits"
+        )
+    return examples
+
+
+def sft_batch(examples: list[SFTExample], pad_token_id: int) -> Batch:
+    """Left-padded prompts ‖ right-padded responses, as in a rollout batch."""
+    p = max(len(e.prompt_ids) for e in examples)
+    r = max(len(e.response_ids) for e in examples)
+    n = len(examples)
+    prompts = torch.full((n, p), pad_token_id, dtype=torch.long)
+    responses = torch.full((n, r), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros(n, p, dtype=torch.long)
+    response_mask = torch.zeros(n, r, dtype=torch.long)
+    for i, e in enumerate(examples):
+        prompts[i, p - len(e.prompt_ids) :] = torch.tensor(e.prompt_ids)
+        prompt_mask[i, p - len(e.prompt_ids) :] = 1
+        responses[i, : len(e.response_ids)] = torch.tensor(e.response_ids)
+        response_mask[i, : len(e.response_ids)] = 1
+    return Batch(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+            "response_mask": response_mask.float(),
+        }
+    )
+
+
+def sft_batches(
+    examples: list[SFTExample], batch_size: int, seed: int, epoch: int, pad_token_id: int
+) -> Iterator[Batch]:
+    """One epoch of full batches in a (seed, epoch)-determined order (the last partial batch is dropped)."""
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+    for start in range(0, len(examples) - batch_size + 1, batch_size):
+        yield sft_batch([examples[i] for i in order[start : start + batch_size].tolist()], pad_token_id)

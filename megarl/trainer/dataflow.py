@@ -1,0 +1,214 @@
+"""One training step as a graph of named stages, each declaring the Batch columns it reads and writes.
+
+    flow = Dataflow(inputs=("prompts", "attention_mask"))
+    flow.add_stage(Stage("generate", generate, reads=("prompts",), writes=("responses", ...)))
+    flow.insert_after("reward", Stage("length_penalty", penalise, reads=("responses",), writes=(...)))
+    flow.replace("reward", Stage("reward", my_reward, ...))
+    flow.connect("reward", "my_filter")       # my_filter runs after reward even if no column links them
+    batch = flow.run(prompts, StepContext(step=1))   # ctx.metrics gains timing/<stage> seconds
+
+Stages run in list order, except where an edge requires otherwise: a stage runs after every stage listed
+before it that writes a column it reads, and after every stage `connect`ed before it. `check()` (called
+by `run` and by the trainer when it builds the graph) fails when a stage reads a column that neither the
+inputs nor an earlier stage provide, naming the stage, the column and the stage that writes it, if any.
+
+A stage's function gets the step context and the batch and returns the columns it wrote (a Batch or a
+dict), which are merged into the batch; a stage built with `new_rows=True` returns the whole new batch
+instead (it may drop rows: DAPO's dynamic sampling, a length filter).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from megarl.protocol import Batch
+
+
+class DataflowError(ValueError):
+    """A graph that cannot run, or a stage that broke its declared contract."""
+
+
+@dataclass
+class StepContext:
+    """What a stage knows about the step besides the batch; stages add their metrics here."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    validate: bool = False  # a validation pass (rollout.val sampling, no training stages)
+
+
+StageFn = Callable[[StepContext, Batch], Batch | dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    fn: StageFn
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    new_rows: bool = False  # fn returns the whole batch with new rows (generate: n per prompt; filters)
+
+    def run(self, ctx: StepContext, batch: Batch) -> Batch:
+        missing = [c for c in self.reads if c not in batch]
+        if missing:
+            raise DataflowError(f"stage {self.name!r} needs columns {missing}; the batch has {batch.keys()}")
+        result = self.fn(ctx, batch)
+        if self.new_rows:
+            if not isinstance(result, Batch):
+                raise DataflowError(f"stage {self.name!r} (new_rows) must return a Batch, got {type(result)}")
+            out = result
+        else:
+            out = merge_columns(batch, result)
+        absent = [c for c in self.writes if c not in out]
+        if absent:
+            raise DataflowError(f"stage {self.name!r} declares it writes {absent} but did not")
+        return out
+
+
+def merge_columns(batch: Batch, new: Batch | dict[str, Any] | None) -> Batch:
+    """`batch` with the columns of `new` added or replaced (same rows); meta of both."""
+    if new is None:
+        return batch
+    columns = dict(new.tensors.items()) | dict(new.non_tensors) if isinstance(new, Batch) else dict(new)
+    tensors = {k: v for k, v in batch.tensors.items() if k not in columns}
+    non_tensors = {k: v for k, v in batch.non_tensors.items() if k not in columns}
+    for key, value in columns.items():
+        (tensors if isinstance(value, torch.Tensor) else non_tensors)[key] = value
+    meta = {**batch.meta, **(new.meta if isinstance(new, Batch) else {})}
+    return Batch(tensors, non_tensors, meta)
+
+
+class Dataflow:
+    """An editable, checked graph of stages; `run(batch, ctx)` executes one step."""
+
+    def __init__(self, stages: Iterable[Stage] = (), inputs: Iterable[str] = ()) -> None:
+        self.inputs = tuple(inputs)
+        self._stages: list[Stage] = []
+        self._edges: set[tuple[str, str]] = set()
+        for stage in stages:
+            self.add_stage(stage)
+
+    @property
+    def stages(self) -> list[Stage]:
+        """The stages in execution order."""
+        return self._ordered()
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self._ordered()]
+
+    def __contains__(self, name: str) -> bool:
+        return any(s.name == name for s in self._stages)
+
+    def __getitem__(self, name: str) -> Stage:
+        return self._stages[self._index(name)]
+
+    def add_stage(self, stage: Stage) -> Dataflow:
+        """Append `stage` (it runs after everything it reads from)."""
+        if stage.name in self:
+            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
+        self._stages.append(stage)
+        return self
+
+    def insert_after(self, name: str, stage: Stage) -> Dataflow:
+        """Put `stage` right after the stage `name`."""
+        if stage.name in self:
+            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
+        self._stages.insert(self._index(name) + 1, stage)
+        return self
+
+    def insert_before(self, name: str, stage: Stage) -> Dataflow:
+        """Put `stage` right before the stage `name`."""
+        if stage.name in self:
+            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
+        self._stages.insert(self._index(name), stage)
+        return self
+
+    def replace(self, name: str, stage: Stage) -> Dataflow:
+        """Swap the stage `name` for `stage` (same position; edges to `name` now point at `stage`)."""
+        self._stages[self._index(name)] = stage
+        self._edges = {
+            (stage.name if a == name else a, stage.name if b == name else b) for a, b in self._edges
+        }
+        return self
+
+    def remove(self, name: str) -> Dataflow:
+        del self._stages[self._index(name)]
+        self._edges = {(a, b) for a, b in self._edges if name not in (a, b)}
+        return self
+
+    def connect(self, upstream: str, downstream: str) -> Dataflow:
+        """Make `downstream` run after `upstream` (an edge no column expresses)."""
+        self._index(upstream), self._index(downstream)
+        self._edges.add((upstream, downstream))
+        self._ordered()  # a cycle fails here, naming the stages
+        return self
+
+    def check(self) -> None:
+        """Raise DataflowError if some stage reads a column nothing upstream writes."""
+        available = set(self.inputs)
+        ordered = self._ordered()
+        for position, stage in enumerate(ordered):
+            for column in stage.reads:
+                if column in available:
+                    continue
+                later = [s.name for s in ordered[position + 1 :] if column in s.writes]
+                hint = (
+                    f"stage {later[0]!r} writes it but runs later; move it with insert_before/connect"
+                    if later
+                    else f"no stage writes it (inputs: {', '.join(self.inputs) or 'none'})"
+                )
+                raise DataflowError(
+                    f"stage {stage.name!r} reads column {column!r}, which nothing upstream writes: {hint}"
+                )
+            available.update(stage.writes)
+
+    def run(self, batch: Batch, ctx: StepContext) -> Batch:
+        """Every stage in order on `batch`; `timing/<stage>` seconds go into `ctx.metrics`."""
+        self.check()
+        for stage in self._ordered():
+            start = time.perf_counter()
+            batch = stage.run(ctx, batch)
+            ctx.metrics[f"timing/{stage.name}"] = time.perf_counter() - start
+        return batch
+
+    def describe(self) -> str:
+        """One line per stage: name, reads -> writes."""
+        return "\n".join(
+            f"{s.name:>16}: {', '.join(s.reads) or '-'} -> {', '.join(s.writes) or '-'}"
+            for s in self._ordered()
+        )
+
+    def _index(self, name: str) -> int:
+        for i, stage in enumerate(self._stages):
+            if stage.name == name:
+                return i
+        raise DataflowError(f"no stage named {name!r}; stages are {[s.name for s in self._stages]}")
+
+    def _ordered(self) -> list[Stage]:
+        """List order, moved only where an edge demands it (a stable topological sort)."""
+        names = [s.name for s in self._stages]
+        after: dict[str, set[str]] = {n: set() for n in names}
+        for i, stage in enumerate(self._stages):
+            for earlier in self._stages[:i]:
+                if set(stage.reads) & set(earlier.writes):
+                    after[stage.name].add(earlier.name)
+        for a, b in self._edges:
+            after[b].add(a)
+        ordered: list[Stage] = []
+        done: set[str] = set()
+        remaining = list(self._stages)
+        while remaining:
+            ready = next((s for s in remaining if after[s.name] <= done), None)
+            if ready is None:
+                cycle = ", ".join(s.name for s in remaining)
+                raise DataflowError(f"the stages {cycle} wait on each other (a cycle of connect edges)")
+            ordered.append(ready)
+            done.add(ready.name)
+            remaining.remove(ready)
+        return ordered

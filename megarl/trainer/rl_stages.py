@@ -1,0 +1,203 @@
+"""The stages of one RL step (DESIGN §3) and the graph each algorithm is built from.
+
+    remax_baseline?  generate  reward_model?  reward  old_log_prob  ref_log_prob?  values?
+    advantages  update_critic?  update_actor
+
+`build_rl_dataflow(cfg, roles, reward)` assembles the graph for `algorithm.adv_estimator`: GAE adds the
+critic's stages, ReMax the greedy-baseline generation, a KL term the reference, a reward model its
+scoring. The trainer and the Python API run the same graph; users edit it with Dataflow's methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from megarl.algorithms import (
+    KLController,
+    apply_kl_penalty,
+    build_kl_controller,
+    compute_advantages,
+    kl_penalty,
+)
+from megarl.algorithms.advantages import scores_to_token_rewards
+from megarl.algorithms.aggregate import masked_mean
+from megarl.config.schema import MegarlConfig
+from megarl.protocol import Batch
+from megarl.trainer.dataflow import Dataflow, Stage, StepContext
+
+PROMPT_COLUMNS = ("prompts", "attention_mask")
+ROLLOUT_COLUMNS = ("responses", "input_ids", "attention_mask", "response_mask", "rollout_log_probs", "uid")
+SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+# worker metric names -> the names users read in metrics.jsonl (verl's where verl has one)
+_RENAMES = {
+    "actor/pg_clipfrac": "actor/clip_frac",
+    "grad_norm": "grad_norm",
+    "critic/vf_loss": "critic/value_loss",
+}
+
+
+def role_metrics(role: str, metrics: dict[str, float]) -> dict[str, float]:
+    """A worker's update metrics under `<role>/` names (grad_norm -> actor/grad_norm, ...)."""
+    out = {}
+    for key, value in metrics.items():
+        name = key if "/" in key else f"{role}/{key}"
+        out[_RENAMES.get(name, name)] = float(value)
+    return out
+
+
+def generate_stage(actor: Any) -> Stage:
+    def generate(ctx: StepContext, prompts: Batch) -> Batch:
+        out = actor.generate(prompts, validate=ctx.validate)
+        out.meta.pop("hybrid_engine", None)  # per-rank sync report; too big for the step batch
+        return out
+
+    return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=ROLLOUT_COLUMNS, new_rows=True)
+
+
+def remax_baseline_stage(actor: Any, reward: Any) -> Stage:
+    """ReMax: the score of each prompt's greedy response (rollout.val sampling), carried to its samples."""
+
+    def baseline(ctx: StepContext, prompts: Batch) -> dict:
+        greedy = actor.generate(prompts, validate=True)
+        scores, _ = reward.score(greedy)
+        return {"baseline_scores": scores.float()}
+
+    return Stage("remax_baseline", baseline, reads=PROMPT_COLUMNS, writes=("baseline_scores",))
+
+
+def reward_model_stage(reward_model: Any) -> Stage:
+    def score(ctx: StepContext, batch: Batch) -> Batch:
+        return reward_model.compute_rm_score(batch.select(SEQUENCE_COLUMNS))
+
+    return Stage("reward_model", score, reads=SEQUENCE_COLUMNS, writes=("rm_scores",))
+
+
+def reward_stage(reward: Any, with_rm: bool) -> Stage:
+    """Sequence scores (rule functions on the driver, plus reward-model scores when present), placed on
+    each response's last token."""
+
+    def score(ctx: StepContext, batch: Batch) -> dict:
+        scores, metrics = reward.score(batch)
+        ctx.metrics.update(metrics)
+        mask = batch["response_mask"]
+        return {"scores": scores.float(), "token_level_scores": scores_to_token_rewards(scores.float(), mask)}
+
+    reads = ("responses", "response_mask") + (("rm_scores",) if with_rm else ())
+    return Stage("reward", score, reads=reads, writes=("scores", "token_level_scores"))
+
+
+def old_log_prob_stage(actor: Any) -> Stage:
+    """The policy's own log-probs before the update, and how far the engine's are from them."""
+
+    def log_prob(ctx: StepContext, batch: Batch) -> Batch:
+        out = actor.log_prob(batch.select(SEQUENCE_COLUMNS))
+        mask = batch["response_mask"] > 0
+        diff = (out["old_log_probs"] - batch["rollout_log_probs"]).abs()[mask]
+        ctx.metrics["train_rollout_logprob_abs_diff"] = diff.mean().item() if diff.numel() else 0.0
+        ctx.metrics["train_rollout_logprob_abs_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        ctx.metrics["actor/entropy"] = masked_mean(out["entropy"], batch["response_mask"]).item()
+        return out
+
+    return Stage(
+        "old_log_prob",
+        log_prob,
+        reads=SEQUENCE_COLUMNS + ("rollout_log_probs",),
+        writes=("old_log_probs", "entropy"),
+    )
+
+
+def ref_log_prob_stage(ref: Any) -> Stage:
+    def log_prob(ctx: StepContext, batch: Batch) -> Batch:
+        return ref.ref_log_prob(batch.select(SEQUENCE_COLUMNS))
+
+    return Stage("ref_log_prob", log_prob, reads=SEQUENCE_COLUMNS, writes=("ref_log_probs",))
+
+
+def values_stage(critic: Any) -> Stage:
+    def values(ctx: StepContext, batch: Batch) -> Batch:
+        return critic.values(batch.select(SEQUENCE_COLUMNS))
+
+    return Stage("values", values, reads=SEQUENCE_COLUMNS, writes=("values",))
+
+
+def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
+    """Token rewards (scores, minus kl_coef·KL when algorithm.use_kl_in_reward) -> advantages, returns."""
+    algo = cfg.algorithm
+    kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
+    inputs = {"gae": ("values",), "remax": ("baseline_scores",)}.get(algo.adv_estimator, ())
+    kl_inputs = ("old_log_probs", "ref_log_probs") if algo.use_kl_in_reward else ()
+
+    def advantages(ctx: StepContext, batch: Batch) -> dict:
+        mask = batch["response_mask"].float()
+        token_rewards = batch["token_level_scores"].float()
+        if algo.use_kl_in_reward:
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algo.kl_estimator)
+            token_rewards, kl_mean = apply_kl_penalty(token_rewards, kl, mask, kl_ctrl.value)
+            ctx.metrics["kl/mean"], ctx.metrics["kl/coef"] = float(kl_mean), kl_ctrl.value
+            kl_ctrl.update(kl_mean, len(batch))
+        adv, returns = compute_advantages(
+            algo.adv_estimator,
+            token_rewards=token_rewards,
+            scores=(token_rewards * mask).sum(-1),
+            values=batch["values"].float() if "values" in batch else None,
+            baseline_scores=batch["baseline_scores"].float() if "baseline_scores" in batch else None,
+            group_ids=torch.as_tensor(batch["uid"]).long(),
+            mask=mask,
+            gamma=algo.gamma,
+            lam=algo.lam,
+        )
+        ctx.metrics["advantages/mean"] = masked_mean(adv, mask).item()
+        return {"token_level_rewards": token_rewards, "advantages": adv, "returns": returns}
+
+    stage = Stage(
+        "advantages",
+        advantages,
+        reads=("token_level_scores", "response_mask", "uid", *inputs, *kl_inputs),
+        writes=("token_level_rewards", "advantages", "returns"),
+    )
+    return stage, kl_ctrl
+
+
+def update_critic_stage(critic: Any) -> Stage:
+    def update(ctx: StepContext, batch: Batch) -> None:
+        metrics = critic.update(batch.select([*SEQUENCE_COLUMNS, "values", "returns"]))
+        ctx.metrics.update(role_metrics("critic", metrics))
+
+    return Stage("update_critic", update, reads=("values", "returns"))
+
+
+def update_actor_stage(actor: Any, use_kl_loss: bool) -> Stage:
+    columns = ("old_log_probs", "advantages") + (("ref_log_probs",) if use_kl_loss else ())
+
+    def update(ctx: StepContext, batch: Batch) -> None:
+        metrics = actor.update(batch.select([*SEQUENCE_COLUMNS, *columns]))
+        ctx.metrics.update(role_metrics("actor", metrics))
+
+    return Stage("update_actor", update, reads=columns)
+
+
+def build_rl_dataflow(cfg: MegarlConfig, roles: Any, reward: Any) -> tuple[Dataflow, KLController]:
+    """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL)."""
+    algo = cfg.algorithm
+    stages = []
+    if algo.adv_estimator == "remax":
+        stages.append(remax_baseline_stage(roles.actor, reward))
+    stages.append(generate_stage(roles.actor))
+    if roles.reward_model is not None:
+        stages.append(reward_model_stage(roles.reward_model))
+    stages += [reward_stage(reward, roles.reward_model is not None), old_log_prob_stage(roles.actor)]
+    if roles.ref is not None:
+        stages.append(ref_log_prob_stage(roles.ref))
+    if roles.critic is not None:
+        stages.append(values_stage(roles.critic))
+    advantages, kl_ctrl = advantages_stage(cfg)
+    stages.append(advantages)
+    if roles.critic is not None:
+        stages.append(update_critic_stage(roles.critic))
+    stages.append(update_actor_stage(roles.actor, algo.use_kl_loss))
+    flow = Dataflow(stages, inputs=(*PROMPT_COLUMNS, "uid"))
+    flow.check()
+    return flow, kl_ctrl

@@ -1,0 +1,162 @@
+"""RLTrainer: PPO, GRPO, Dr.GRPO, RLOO, REINFORCE++ and ReMax as one loop over a dataflow of stages.
+
+    from megarl.config import load_config
+    from megarl.trainer import RLTrainer
+    trainer = RLTrainer(load_config("configs/quickstart_grpo.yaml", ["trainer.total_steps=5"]))
+    trainer.flow.insert_after("reward", my_stage)       # optional: edit the step graph
+    history = trainer.fit()                              # one metrics dict per step
+
+The same trainer runs under `trainer.launcher=ray` (this process is the single controller; the worker
+groups are Ray actors) and `trainer.launcher=torchrun` (every process runs this loop, SPMD; only rank 0
+writes files). Every worker process is shut down when `fit` returns, raises, or is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from megarl.algorithms.aggregate import masked_mean
+from megarl.config.schema import MegarlConfig
+from megarl.config.validate import resolve_auto
+from megarl.observe.progress import ProgressLog
+from megarl.protocol import Batch
+from megarl.trainer.dataflow import StepContext
+from megarl.trainer.rl_stages import build_rl_dataflow, generate_stage
+from megarl.trainer.roles import Roles, build_roles
+
+
+class RLTrainer:
+    def __init__(
+        self,
+        cfg: MegarlConfig,
+        roles: Roles | None = None,
+        reward: Any = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        from megarl.data.prompts import PromptData
+        from megarl.rewards import RewardComputer
+
+        self.cfg = cfg = resolve_auto(cfg)
+        self.data = PromptData.from_config(cfg)
+        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.data.steps_per_epoch
+        self.reward = reward or RewardComputer.from_config(cfg, self.data.tokenizer)
+        self.roles = roles or build_roles(cfg, self.total_steps)
+        self.is_writer = self.roles.is_writer
+        self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward)
+        self.output_dir = Path(cfg.trainer.output_dir)
+        backends = cfg.logging.backends if self.is_writer else []
+        self.log = ProgressLog(self.output_dir, self.total_steps, backends, stream=stream)
+        for line in self.data.report():
+            self.log.message(line)
+
+    def fit(self) -> list[dict[str, float]]:
+        """Run `total_steps` steps (validating every trainer.eval_every); returns each step's metrics."""
+        history = []
+        try:
+            self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
+            if self.data.val is not None and self.cfg.trainer.val_before_train:
+                metrics = self.validate(step=0)
+                self.log.log(0, metrics)
+                history.append({"step": 0, **metrics})
+            for step in range(1, self.total_steps + 1):
+                metrics = self.train_step(step)
+                every = self.cfg.trainer.eval_every
+                if self.data.val is not None and every and (step % every == 0 or step == self.total_steps):
+                    metrics.update(self.validate(step))
+                self.log.log(step, metrics)
+                history.append({"step": step, **metrics})
+            self._write_summary(history)
+            return history
+        finally:
+            self.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        prompts = self.data.next_train_batch()
+        ctx = StepContext(step=step)
+        batch = self.flow.run(prompts, ctx)
+        seconds = time.perf_counter() - start
+        metrics = {**ctx.metrics, **batch_statistics(batch)}
+        tokens = float(batch["attention_mask"].sum())
+        metrics.update(
+            {
+                "step_seconds": seconds,
+                "throughput/tokens_per_s": tokens / seconds,
+                "data/epoch": self.data.epoch,
+            }
+        )
+        return metrics
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy (rollout.val) responses to every validation prompt, scored by the reward: mean score
+        overall (`val/reward/mean`) and per data_source (`val/<data_source>/reward/mean`)."""
+        start = time.perf_counter()
+        generate = generate_stage(self.roles.actor)
+        scores, sources = [], []
+        for prompts in self.data.val_batches():
+            rollout = generate.run(StepContext(step=step, validate=True), prompts)
+            batch_scores, _ = self.reward.score(rollout)
+            scores.append(batch_scores.float())
+            sources += list(rollout["data_source"]) if "data_source" in rollout else ["val"] * len(rollout)
+        scores_t = torch.cat(scores)
+        metrics = {"val/reward/mean": scores_t.mean().item()}
+        for source in sorted(set(sources)):
+            picked = torch.tensor([s == source for s in sources])
+            metrics[f"val/{source}/reward/mean"] = scores_t[picked].mean().item()
+        metrics["timing/validate"] = time.perf_counter() - start
+        return metrics
+
+    def close(self) -> None:
+        self.roles.shutdown()
+
+    def _describe(self) -> str:
+        c = self.cfg
+        return (
+            f"{c.algorithm.name} ({c.algorithm.adv_estimator}) on {c.model.path}, {self.total_steps} steps of "
+            f"{c.data.train_batch_size} prompts × {c.rollout.n} samples, launcher {c.trainer.launcher}, "
+            f"stages: {' → '.join(self.flow.names)}"
+        )
+
+    def _write_summary(self, history: list[dict[str, float]]) -> None:
+        if not self.is_writer or not history:
+            return
+        train = [h for h in history if h["step"] > 0]
+        val = [h for h in history if "val/reward/mean" in h]
+        summary = {
+            "steps": self.total_steps,
+            "first_reward": train[0].get("reward/mean") if train else None,
+            "last_reward": train[-1].get("reward/mean") if train else None,
+            "val_reward_before": val[0]["val/reward/mean"] if val else None,
+            "val_reward_after": val[-1]["val/reward/mean"] if val else None,
+            "max_train_rollout_logprob_abs_diff": max(
+                (h.get("train_rollout_logprob_abs_diff_max", 0.0) for h in train), default=None
+            ),
+            "seconds": sum(h.get("step_seconds", 0.0) for h in train),
+        }
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def batch_statistics(batch: Batch) -> dict[str, float]:
+    """reward/*, response_length/*, finish-reason shares of one step's rollout batch."""
+    scores = batch["scores"].float()
+    lengths = batch["response_mask"].sum(-1).float()
+    out = {
+        "reward/mean": scores.mean().item(),
+        "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
+        "reward/max": scores.max().item(),
+        "reward/min": scores.min().item(),
+        "response_length/mean": lengths.mean().item(),
+        "response_length/max": lengths.max().item(),
+    }
+    if "finish_reason" in batch:
+        out["response_length/clip_ratio"] = sum(r == "length" for r in batch["finish_reason"]) / len(batch)
+    if "advantages" in batch:
+        out["advantages/abs_mean"] = masked_mean(batch["advantages"].abs(), batch["response_mask"]).item()
+    return {k: v for k, v in out.items() if math.isfinite(v)}

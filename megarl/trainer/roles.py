@@ -1,0 +1,102 @@
+"""The worker groups of an RL run, built from the config, and their shutdown.
+
+- actor + reference: ONE process per rank (the reference lives in the actor's processes and layout);
+- critic and reward model: each its own group. Under Ray they run on the actor's pool (their own
+  processes beside the actor's, with their own layout) or on a pool of their own when
+  `<role>.n_devices` is set; under torchrun every role is a worker in each process and so shares the
+  actor's layout (config validation says so before anything starts).
+
+`trainer.launcher=ray` starts (or joins) Ray and places every group through a ResourcePool;
+`trainer.launcher=torchrun` builds SPMD groups in this process (this process is one rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from megarl.config.roles import role_spec
+from megarl.config.schema import MegarlConfig
+
+
+@dataclass
+class Roles:
+    actor: Any
+    ref: Any | None = None
+    critic: Any | None = None
+    reward_model: Any | None = None
+    is_writer: bool = True  # this process writes logs and files (the driver, or rank 0 under torchrun)
+    pools: tuple = ()
+
+    def shutdown(self) -> None:
+        """End every group's processes (Ray) or tear down this rank's workers (SPMD); idempotent."""
+        for group in (self.reward_model, self.critic, self.ref, self.actor):
+            if group is not None:
+                try:
+                    group.shutdown()
+                except Exception:  # one group failing to stop must not leave the others running
+                    pass
+        for pool in self.pools:
+            pool.remove()
+        self.actor = self.ref = self.critic = self.reward_model = None
+        self.pools = ()
+
+
+def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
+    """Start every worker group `cfg` (resolved) needs; on failure, whatever started is shut down."""
+    from megarl.controller.group import make_colocated_groups, make_worker_group
+    from megarl.workers.actor import ActorWorker
+    from megarl.workers.critic import CriticWorker
+    from megarl.workers.reference import ReferenceWorker
+
+    backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
+    roles = Roles(actor=None)
+    pools: dict[int, Any] = {}
+
+    def pool_for(role: str) -> Any:
+        if backend == "spmd":
+            return None
+        n = cfg.world_size(role)
+        if n not in pools:
+            pools[n] = _ray_pool(cfg, n, name=f"megarl-{role}")
+        return pools[n]
+
+    try:
+        colocated = {"actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})}
+        if cfg.ref.enable:
+            colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
+        groups = make_colocated_groups(backend, pool_for("actor"), colocated)
+        roles.actor, roles.ref = groups["actor"], groups.get("ref")
+        if cfg.critic.enable:
+            spec = role_spec(cfg, "critic", total_steps)
+            roles.critic = make_worker_group(
+                backend, pool_for("critic"), CriticWorker, "critic", {"spec": spec}
+            )
+        if cfg.reward.enable:
+            cls, kwargs = _reward_worker(cfg)
+            roles.reward_model = make_worker_group(backend, pool_for("reward"), cls, "reward", kwargs)
+    except BaseException:
+        roles.pools = tuple(pools.values())
+        roles.shutdown()
+        raise
+    roles.pools = tuple(pools.values())
+    if backend == "spmd":
+        import torch.distributed as dist
+
+        roles.is_writer = dist.get_rank() == 0
+    return roles
+
+
+def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
+    from megarl.workers.reward import reward_worker_class
+
+    return reward_worker_class(cfg)
+
+
+def _ray_pool(cfg: MegarlConfig, devices: int, name: str) -> Any:
+    from megarl.controller.resource_pool import ResourcePool, start_local_ray
+
+    start_local_ray()
+    per_node = cfg.trainer.n_devices_per_node
+    nodes = [per_node] * (devices // per_node) + ([devices % per_node] if devices % per_node else [])
+    return ResourcePool(nodes, name=name)

@@ -1,0 +1,90 @@
+"""The step graph: ordering, checking at build time, editing, timing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megarl.protocol import Batch
+from megarl.trainer.dataflow import Dataflow, DataflowError, Stage, StepContext
+
+
+def _stage(name, reads=(), writes=(), value=1.0, log=None):
+    def fn(ctx, batch):
+        if log is not None:
+            log.append(name)
+        return {w: torch.full((len(batch),), value) for w in writes}
+
+    return Stage(name, fn, reads=tuple(reads), writes=tuple(writes))
+
+
+def _prompts(n=3):
+    return Batch({"prompts": torch.zeros(n, 2, dtype=torch.long)})
+
+
+def test_stages_run_in_order_and_merge_their_columns_with_timings():
+    log = []
+    flow = Dataflow(
+        [_stage("a", ["prompts"], ["x"], log=log), _stage("b", ["x"], ["y"], 2.0, log=log)],
+        inputs=["prompts"],
+    )
+    ctx = StepContext(step=1)
+    out = flow.run(_prompts(), ctx)
+    assert log == ["a", "b"]
+    assert torch.equal(out["y"], torch.full((3,), 2.0)) and "prompts" in out and "x" in out
+    assert set(ctx.metrics) == {"timing/a", "timing/b"} and all(v >= 0 for v in ctx.metrics.values())
+
+
+def test_reading_a_column_nothing_upstream_writes_names_the_stage_and_the_column():
+    flow = Dataflow([_stage("advantages", ["scores"], ["advantages"])], inputs=["prompts"])
+    with pytest.raises(DataflowError, match=r"stage 'advantages' reads column 'scores'.*no stage writes it"):
+        flow.check()
+
+
+def test_a_writer_listed_after_its_reader_is_named_in_the_error():
+    flow = Dataflow(
+        [_stage("advantages", ["scores"]), _stage("reward", ["prompts"], ["scores"])], ["prompts"]
+    )
+    with pytest.raises(DataflowError, match=r"'advantages' reads column 'scores'.*stage 'reward' writes it"):
+        flow.check()
+
+
+def test_insert_after_replace_remove_and_connect():
+    log = []
+    flow = Dataflow(
+        [_stage("gen", ["prompts"], ["r"], log=log), _stage("upd", ["r"], [], log=log)], ["prompts"]
+    )
+    flow.insert_after("gen", _stage("reward", ["r"], ["s"], log=log))
+    flow.add_stage(_stage("filter", ["r"], [], log=log))
+    assert flow.names == ["gen", "reward", "upd", "filter"]
+    flow.connect("filter", "upd")  # no column links them; the edge moves upd after filter
+    assert flow.names == ["gen", "reward", "filter", "upd"]
+    flow.replace("reward", _stage("reward2", ["r"], ["s"], 5.0, log=log))
+    out = flow.run(_prompts(), StepContext(step=1))
+    assert log == ["gen", "reward2", "filter", "upd"] and torch.equal(out["s"], torch.full((3,), 5.0))
+    flow.remove("filter")
+    assert flow.names == ["gen", "reward2", "upd"]
+    with pytest.raises(DataflowError, match="exists already"):
+        flow.add_stage(_stage("gen"))
+    with pytest.raises(DataflowError, match="no stage named 'nope'"):
+        flow.insert_after("nope", _stage("x"))
+
+
+def test_a_cycle_of_edges_is_refused():
+    flow = Dataflow([_stage("a", [], ["x"]), _stage("b", ["x"], [])])
+    with pytest.raises(DataflowError, match="wait on each other"):
+        flow.connect("b", "a")
+
+
+def test_a_stage_that_does_not_write_what_it_declares_fails():
+    flow = Dataflow([Stage("liar", lambda ctx, b: None, writes=("x",))])
+    with pytest.raises(DataflowError, match=r"'liar' declares it writes \['x'\]"):
+        flow.run(_prompts(), StepContext(step=1))
+
+
+def test_a_filter_stage_may_drop_rows():
+    keep_even = Stage(
+        "filter", lambda ctx, b: b[torch.arange(0, len(b), 2)], reads=("prompts",), new_rows=True
+    )
+    out = Dataflow([keep_even], ["prompts"]).run(_prompts(5), StepContext(step=1))
+    assert len(out) == 3
