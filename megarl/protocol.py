@@ -5,6 +5,8 @@ object arrays of length N: prompts, reward-model inputs, ...) and `meta`, a plai
 unsplit (temperature, global step). Dispatch splits it with `chunk`/`pad_to_multiple` and collects worker
 outputs with `Batch.concat`/`unpad`. Pickling packs every tensor into one contiguous byte buffer, so sending a
 Batch through Ray costs about as much as sending its raw bytes.
+
+`Col` names the columns of an RL step, one spelling for every stage (verl's names).
 """
 
 from __future__ import annotations
@@ -67,6 +69,40 @@ def _as_index(index: Index, n: int) -> torch.Tensor:
     if idx.is_floating_point() or idx.is_complex():
         raise TypeError(f"row indices must be integers or a boolean mask, got dtype {idx.dtype}")
     return idx.long().reshape(-1)
+
+
+class Col:
+    """The Batch columns of an RL step: who writes each, its shape and dtype (n rows, P prompt columns,
+    R response columns; a prompt's samples are adjacent rows sharing its `uid`)."""
+
+    # The prompt batch (the dataset), carried through the rollout.
+    PROMPTS = "prompts"  # [n, P] long: prompt tokens, left-padded with the pad id
+    # [n, P] long on the prompt batch; [n, P+R] on the rollout batch: 1 on every real prompt and
+    # response token, i.e. the tokens the model reads
+    ATTENTION_MASK = "attention_mask"
+    UID = "uid"  # [n] long: the prompt's group id (the rollout numbers the prompts when it is absent)
+
+    # The rollout (megarl.rollout.base.rollout_batch).
+    RESPONSES = "responses"  # [n, R] long: response tokens, right-padded with the pad id
+    INPUT_IDS = "input_ids"  # [n, P+R] long: prompts ‖ responses
+    # [n, R] float: 1 on the response tokens the policy produced and is trained on; 0 on padding and on
+    # tokens a multi-turn rollout inserted (tool outputs), which the model still reads
+    RESPONSE_MASK = "response_mask"
+    ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [n, R] fp32: the engine's log-prob of each sampled token
+    FINISH_REASON = "finish_reason"  # [n] str, non-tensor: "stop" or "length"
+
+    # The workers; per-token values are 0 where response_mask is 0.
+    OLD_LOG_PROBS = "old_log_probs"  # [n, R] fp32: the actor's log-probs before the update (log_prob)
+    ENTROPY = "entropy"  # [n, R] fp32: the actor's entropy of each token's distribution (log_prob)
+    REF_LOG_PROBS = "ref_log_probs"  # [n, R] fp32: the reference policy's log-probs (ref_log_prob)
+    VALUES = "values"  # [n, R] fp32: the critic's V(state before each response token) (critic.values)
+    RM_SCORES = "rm_scores"  # [n] fp32: the reward model's score of each sequence (compute_rm_score)
+
+    # The driver (megarl.algorithms on the whole batch).
+    TOKEN_LEVEL_SCORES = "token_level_scores"  # [n, R] fp32: each sequence's score on its last token
+    TOKEN_LEVEL_REWARDS = "token_level_rewards"  # [n, R] fp32: the scores less the in-reward KL penalty
+    ADVANTAGES = "advantages"  # [n, R] fp32: the estimator's advantages (compute_advantages)
+    RETURNS = "returns"  # [n, R] fp32: the critic's targets (compute_advantages)
 
 
 class Batch:

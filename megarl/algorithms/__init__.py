@@ -1,40 +1,48 @@
 """RL estimators and losses as pure tensor functions (no torch.distributed, no Megatron).
 
 `aggregate` reduces token tensors to a loss, `advantages` turns rewards into advantages, `kl` measures
-and controls KL to the reference, `policy_loss` / `value_loss` are the actor's and critic's objectives.
+and controls KL to the reference, `policy_loss` / `value_loss` are the actor's and critic's objectives;
+`estimator_traits` says what each advantage estimator needs (the critic, groups of samples).
+
+The names below load their module on first use: importing the package (or `estimator_traits`, which
+config validation reads) does not import torch.
 """
 
-from megarl.algorithms.advantages import ESTIMATORS, compute_advantages, scores_to_token_rewards
-from megarl.algorithms.aggregate import LOSS_AGG_MODES, aggregate, masked_mean, masked_var, masked_whiten
-from megarl.algorithms.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    KLController,
-    apply_kl_penalty,
-    build_kl_controller,
-    kl_penalty,
-)
-from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus, gspo_loss, ppo_clip_loss
-from megarl.algorithms.value_loss import clipped_value_loss
+from __future__ import annotations
 
-__all__ = [
-    "ESTIMATORS",
-    "LOSS_AGG_MODES",
-    "POLICY_LOSSES",
-    "AdaptiveKLController",
-    "FixedKLController",
-    "KLController",
-    "aggregate",
-    "apply_kl_penalty",
-    "build_kl_controller",
-    "clipped_value_loss",
-    "compute_advantages",
-    "entropy_bonus",
-    "gspo_loss",
-    "kl_penalty",
-    "masked_mean",
-    "masked_var",
-    "masked_whiten",
-    "ppo_clip_loss",
-    "scores_to_token_rewards",
-]
+import importlib
+from typing import Any
+
+_MODULE_OF = {
+    "ESTIMATORS": "advantages",
+    "compute_advantages": "advantages",
+    "scores_to_token_rewards": "advantages",
+    "LOSS_AGG_MODES": "aggregate",
+    "aggregate": "aggregate",
+    "masked_mean": "aggregate",
+    "masked_var": "aggregate",
+    "masked_whiten": "aggregate",
+    "ESTIMATOR_TRAITS": "estimator_traits",
+    "EstimatorTraits": "estimator_traits",
+    "KL_CONTROLLERS": "kl",
+    "KL_ESTIMATORS": "kl",
+    "AdaptiveKLController": "kl",
+    "FixedKLController": "kl",
+    "KLController": "kl",
+    "apply_kl_penalty": "kl",
+    "build_kl_controller": "kl",
+    "kl_penalty": "kl",
+    "POLICY_LOSSES": "policy_loss",
+    "entropy_bonus": "policy_loss",
+    "gspo_loss": "policy_loss",
+    "ppo_clip_loss": "policy_loss",
+    "clipped_value_loss": "value_loss",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+# The option names below equal what their implementation accepts (megarl.algorithms, models.dtypes,
+# workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
 Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
 AlgorithmName = Literal["ppo", "grpo", "dpo", "sft"]

@@ -13,15 +13,13 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Literal
 
+from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS, GROUP_ESTIMATORS
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join, need_divides
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.schema import MegarlConfig, OptimizerConfig
 
 __all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "validate"]
 
-_CRITIC_ESTIMATORS = ("gae",)
-# compare samples of one prompt, so they need rollout.n ≥ 2
-_GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline")
 _GRPO_ESTIMATORS = ("grpo", "drgrpo")  # what algorithm.name=grpo allows
 _RL_ALGORITHMS = ("ppo", "grpo")
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -34,7 +32,7 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
     if algo.adv_estimator is None:
         algo.adv_estimator = "grpo" if algo.name == "grpo" else "gae"
     if cfg.critic.enable is None:
-        cfg.critic.enable = algo.name in _RL_ALGORITHMS and algo.adv_estimator in _CRITIC_ESTIMATORS
+        cfg.critic.enable = algo.name in _RL_ALGORITHMS and algo.adv_estimator in CRITIC_ESTIMATORS
     if cfg.ref.enable is None:
         cfg.ref.enable = algo.use_kl_in_reward or algo.use_kl_loss or algo.name == "dpo"
     if cfg.reward.enable is None:
@@ -209,13 +207,13 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
             f"algorithm.adv_estimator={a.adv_estimator} contradicts algorithm.name=grpo (which uses "
             f"{' or '.join(_GRPO_ESTIMATORS)}); remove adv_estimator or set algorithm.name=ppo"
         )
-    if a.name in _RL_ALGORITHMS and a.adv_estimator in _CRITIC_ESTIMATORS and not cfg.critic.enable:
+    if a.name in _RL_ALGORITHMS and a.adv_estimator in CRITIC_ESTIMATORS and not cfg.critic.enable:
         problems.append(
             f"algorithm.adv_estimator={a.adv_estimator} needs a value model but critic.enable=false; "
             "set critic.enable=true or use a critic-free estimator: algorithm.adv_estimator=grpo, drgrpo, "
             "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or remax"
         )
-    if a.name in _RL_ALGORITHMS and a.adv_estimator in _GROUP_ESTIMATORS and cfg.rollout.n < 2:
+    if a.name in _RL_ALGORITHMS and a.adv_estimator in GROUP_ESTIMATORS and cfg.rollout.n < 2:
         problems.append(
             f"rollout.n={cfg.rollout.n} but algorithm.adv_estimator={a.adv_estimator} compares the samples of "
             "each prompt; set rollout.n ≥ 2 (e.g. 8)"

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 
 from megarl.distributed.layout import ParallelLayout
+from megarl.models import dtypes
 
 
 class UnsupportedModelError(ValueError):
@@ -35,7 +35,6 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family(qkv_bias_key="attention_bias", qkv_bias_default=False, qk_norm=True),
 }
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _LLAMA3_ROPE_DEFAULTS = {
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
@@ -140,7 +139,7 @@ class ModelArchitecture:
         layer's forward in backward instead of keeping its activations (gradient checkpointing)."""
         from megatron.core.transformer import TransformerConfig
 
-        torch_dtype = DTYPES[dtype]
+        torch_dtype = dtypes.torch_dtype(dtype)
         return TransformerConfig(
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,

@@ -14,7 +14,10 @@ schema, one row per sample, the samples of a prompt adjacent (m = prompts × sam
 | `uid`               | [m]          | the prompt's group id (the input's `uid` column, else its row)     |
 | `finish_reason`     | [m] str      | "stop" (EOS, stop token or stop string) or "length" (max_tokens)   |
 
-Every other input column (and `meta`) is carried through, repeated once per sample.
+Every other input column (and `meta`) is carried through, repeated once per sample. The names are
+`megarl.protocol.Col`'s. `response_mask` is what the loss trains on; a rollout that inserts tokens the
+policy did not sample (a multi-turn rollout's tool outputs) sets it to 0 there and keeps
+`attention_mask` 1, so the model still reads them.
 """
 
 from __future__ import annotations
@@ -25,17 +28,17 @@ from dataclasses import dataclass
 import torch
 
 from megarl.config.schema import SamplingConfig
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 
 ROLLOUT_COLUMNS = (
-    "prompts",
-    "responses",
-    "input_ids",
-    "attention_mask",
-    "response_mask",
-    "rollout_log_probs",
-    "uid",
-    "finish_reason",
+    Col.PROMPTS,
+    Col.RESPONSES,
+    Col.INPUT_IDS,
+    Col.ATTENTION_MASK,
+    Col.RESPONSE_MASK,
+    Col.ROLLOUT_LOG_PROBS,
+    Col.UID,
+    Col.FINISH_REASON,
 )
 
 
@@ -58,7 +61,7 @@ class Rollout(ABC):
 
 def prompt_token_ids(batch: Batch) -> list[list[int]]:
     """Each row's real prompt tokens: `prompts` with the left padding (attention_mask == 0) removed."""
-    prompts, mask = batch["prompts"], batch["attention_mask"].bool()
+    prompts, mask = batch[Col.PROMPTS], batch[Col.ATTENTION_MASK].bool()
     if prompts.shape != mask.shape:
         raise ValueError(f"prompts {tuple(prompts.shape)} and attention_mask {tuple(mask.shape)} differ")
     lengths = mask.sum(dim=1)
@@ -93,17 +96,17 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
         response_mask[row, :length] = 1.0
 
     carried = batch.repeat(n)
-    prompts = carried["prompts"]
-    uid = carried["uid"] if "uid" in batch else torch.arange(len(batch)).repeat_interleave(n)
+    prompts = carried[Col.PROMPTS]
+    uid = carried[Col.UID] if Col.UID in batch else torch.arange(len(batch)).repeat_interleave(n)
     own = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": torch.cat([carried["attention_mask"].long(), response_mask.long()], dim=1),
-        "response_mask": response_mask,
-        "rollout_log_probs": log_probs,
-        "uid": uid,
-        "finish_reason": [s.finish_reason for s in flat],
+        Col.PROMPTS: prompts,
+        Col.RESPONSES: responses,
+        Col.INPUT_IDS: torch.cat([prompts, responses], dim=1),
+        Col.ATTENTION_MASK: torch.cat([carried[Col.ATTENTION_MASK].long(), response_mask.long()], dim=1),
+        Col.RESPONSE_MASK: response_mask,
+        Col.ROLLOUT_LOG_PROBS: log_probs,
+        Col.UID: uid,
+        Col.FINISH_REASON: [s.finish_reason for s in flat],
     }
     out = carried.select([k for k in carried.keys() if k not in own])
     for key, value in own.items():

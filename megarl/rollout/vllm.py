@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig, SamplingConfig
+from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
@@ -31,7 +32,6 @@ from megarl.rollout.vllm_groups import (
     spare_default_process_group,
 )
 
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # Log-probs of the distribution actually sampled from (temperature, top-k/top-p applied).
 _LOGPROBS_MODE = "processed_logprobs"
 
@@ -147,7 +147,7 @@ class VLLMRollout(Rollout):
                 model=cfg.model.path,
                 tokenizer=cfg.model.tokenizer_path or cfg.model.path,
                 trust_remote_code=cfg.model.trust_remote_code,
-                dtype=_DTYPES[cfg.model.dtype],
+                dtype=hf_name(cfg.model.dtype),
                 tensor_parallel_size=r.tp,
                 distributed_executor_backend="external_launcher",
                 seed=self.seed,

@@ -35,11 +35,11 @@ from transformers import (
 from megarl.controller.dispatch import Dispatch, register
 from megarl.controller.worker import Worker
 from megarl.distributed.backend import device
+from megarl.models import dtypes
 from megarl.protocol import Batch
 
 RewardKind = Literal["classifier", "embedding_similarity"]
 KINDS = ("classifier", "embedding_similarity")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 Encoding = dict[str, list[int]]
 
@@ -204,8 +204,7 @@ def load_reward_model(
     """(model in eval mode on CPU, its own tokenizer), checked to fit `kind`."""
     if kind not in KINDS:
         raise ValueError(f"unknown reward model kind {kind!r}; use one of {KINDS}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    torch_dtype = dtypes.torch_dtype(dtype)
     config = AutoConfig.from_pretrained(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
@@ -226,10 +225,10 @@ def load_reward_model(
             raise ValueError(
                 f"label_index={label_index} is out of range: {model_path} has num_labels={config.num_labels}"
             )
-        model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=DTYPES[dtype])
+        model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch_dtype)
     else:
         _check_mean_pooling(model_path)
-        model = AutoModel.from_pretrained(model_path, dtype=DTYPES[dtype])
+        model = AutoModel.from_pretrained(model_path, dtype=torch_dtype)
     return model.eval(), tokenizer
 
 

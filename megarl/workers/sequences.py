@@ -1,8 +1,9 @@
 """From a rollout Batch to the micro-batches a Megatron model consumes, and back.
 
 A rollout Batch follows verl's schema: `input_ids` [n, P+R] = left-padded prompt ‖ right-padded response,
-`attention_mask` [n, P+R], `responses` [n, R]. Inside the workers every sequence is first reduced to its
-real tokens (prompt then response, no padding), then laid out in one of two ways:
+`attention_mask` [n, P+R], `responses` [n, R], `response_mask` [n, R]. Inside the workers every sequence is
+first reduced to its real tokens (prompt then response, no padding: every token with attention_mask 1),
+then laid out in one of two ways:
 
   pad    micro-batches of `micro_batch_size` rows, right-padded to one length. Right padding needs no
          attention mask: causal attention already keeps real tokens from seeing the pads after them.
@@ -14,26 +15,44 @@ Either way all micro-batches of one schedule call have the same shape (megatron'
 fixed-shape activations), and each carries `index` [k, R]: for response token j of its k sequences, the
 flat position in [rows × length] whose output predicts it (the logit for a log-prob, the state value for a
 critic). Per-token results therefore come back in the Batch's own [n, R] layout.
+
+Two masks, two jobs: `attention_mask` says which tokens the model reads, `response_mask` which response
+tokens the loss trains on. They differ where a multi-turn rollout inserted tokens the policy did not
+sample (tool outputs): read as context, never trained on. Each micro-batch's `mask` is the batch's
+`response_mask` (derived from attention_mask only when the batch has none), and so are the token counts
+that normalise a loss.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from megarl.protocol import Col
 
 
 @dataclass
 class Sequences:
-    """The real tokens of each row of a rollout batch."""
+    """The real tokens of each row of a rollout batch, and which response tokens the loss trains on."""
 
     tokens: list[torch.Tensor]  # prompt tokens then response tokens, 1-D, no padding
     prompt_lens: list[int]
-    response_lens: list[int]
-    response_width: int  # R: the Batch's response columns
+    loss_mask: torch.Tensor  # [n, R] float: the batch's response_mask (1 = trained on)
+    # per row, the response tokens the loss trains on (the ones of loss_mask): a loss's token counts.
+    # Fewer than the response's real tokens where the rollout masked some out.
+    response_lens: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.response_lens = (self.loss_mask > 0).sum(dim=1).tolist()
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def response_width(self) -> int:
+        """R: the Batch's response columns."""
+        return self.loss_mask.shape[1]
 
     @property
     def lengths(self) -> list[int]:
@@ -41,42 +60,39 @@ class Sequences:
 
     def subset(self, rows: list[int]) -> Sequences:
         return Sequences(
-            [self.tokens[r] for r in rows],
-            [self.prompt_lens[r] for r in rows],
-            [self.response_lens[r] for r in rows],
-            self.response_width,
+            [self.tokens[r] for r in rows], [self.prompt_lens[r] for r in rows], self.loss_mask[rows]
         )
 
 
 def sequences_from_batch(batch) -> Sequences:
-    """Strip the padding of every row. Needs `input_ids`, `attention_mask` and `responses`."""
-    for key in ("input_ids", "attention_mask", "responses"):
+    """Strip the padding of every row. Needs `input_ids`, `attention_mask` and `responses`; the loss mask
+    is the batch's `response_mask`, or, where it has none, the real response tokens of attention_mask."""
+    for key in (Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES):
         if key not in batch.tensors.keys():
             raise KeyError(
                 f"the batch has no {key!r} column; a rollout batch needs input_ids, attention_mask and "
                 f"responses (got {sorted(batch.tensors.keys())})"
             )
-    input_ids, attention = batch["input_ids"], batch["attention_mask"].bool()
-    width = batch["responses"].shape[1]
+    input_ids, attention = batch[Col.INPUT_IDS], batch[Col.ATTENTION_MASK].bool()
+    width = batch[Col.RESPONSES].shape[1]
     prompt_width = input_ids.shape[1] - width
-    response_mask = attention[:, prompt_width:]
+    attended = attention[:, prompt_width:]
     # A response is a prefix followed by padding: its mask must never switch back on.
-    if (response_mask[:, 1:] & ~response_mask[:, :-1]).any():
+    if (attended[:, 1:] & ~attended[:, :-1]).any():
         raise ValueError("response padding must be at the right end (attention_mask has holes in responses)")
-    tokens, prompt_lens, response_lens = [], [], []
-    for row in range(len(input_ids)):
-        real = input_ids[row][attention[row]]
-        prompt_lens.append(int(attention[row, :prompt_width].sum()))
-        response_lens.append(int(response_mask[row].sum()))
-        tokens.append(real)
-    return Sequences(tokens, prompt_lens, response_lens, width)
-
-
-def response_mask(seqs: Sequences, rows: list[int] | None = None) -> torch.Tensor:
-    """[k, R] float mask of the real response tokens of `rows` (all rows by default)."""
-    rows = range(len(seqs)) if rows is None else rows
-    lens = torch.tensor([seqs.response_lens[r] for r in rows])
-    return (torch.arange(seqs.response_width) < lens[:, None]).float()
+    if Col.RESPONSE_MASK in batch.tensors.keys():
+        loss_mask = batch[Col.RESPONSE_MASK].float()
+        if loss_mask.shape != attended.shape:
+            raise ValueError(
+                f"response_mask has shape {tuple(loss_mask.shape)}, the responses {tuple(attended.shape)}"
+            )
+        if ((loss_mask != 0) & ~attended).any():
+            raise ValueError("response_mask is 1 on padding (where attention_mask is 0)")
+    else:
+        loss_mask = attended.float()
+    tokens = [input_ids[row][attention[row]] for row in range(len(input_ids))]
+    prompt_lens = attention[:, :prompt_width].sum(dim=1).tolist()
+    return Sequences(tokens, prompt_lens, loss_mask)
 
 
 def padded_length(seqs: Sequences, multiple: int = 1) -> int:
@@ -116,7 +132,9 @@ def build_microbatch(
         labels[row, start : start + n - 1] = tokens[1:]
         positions[row, start : start + n] = torch.arange(n)
         first = row * length + start + seqs.prompt_lens[r] - 1  # output that predicts response token 0
-        index[k, : seqs.response_lens[r]] = torch.arange(first, first + seqs.response_lens[r])
+        # every real response token, masked out or not: the mask zeroes the results, not the index
+        span = n - seqs.prompt_lens[r]
+        index[k, :span] = torch.arange(first, first + span)
         last_index[k] = row * length + start + n - 1
     mb = {
         "input_ids": input_ids,
@@ -124,7 +142,7 @@ def build_microbatch(
         "position_ids": positions,
         "index": index,
         "last_index": last_index,
-        "mask": response_mask(seqs, rows),
+        "mask": seqs.loss_mask[rows],
         "rows": torch.tensor(rows, dtype=torch.long),
     }
     if mode == "pack":

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 
 pytestmark = pytest.mark.unit
 
@@ -258,3 +258,8 @@ def test_unpickle_of_read_only_buffer_is_writable():
     restored.__setstate__(state)
     restored["logp"].add_(1)
     assert torch.equal(restored["logp"], b["logp"] + 1)
+
+
+def test_column_names_are_spelled_like_their_constants():
+    names = {k: v for k, v in vars(Col).items() if k.isupper()}
+    assert names and all(value == key.lower() for key, value in names.items())

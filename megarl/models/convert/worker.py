@@ -15,12 +15,13 @@ from megarl.models.build import build_model_chunks
 from megarl.models.convert import mcore_checkpoint as ckpt
 from megarl.models.convert.hf_io import HFCheckpointReader, copy_hf_metadata, write_hf_weights
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
+from megarl.models.dtypes import DTYPE_NAMES, from_hf_name
 from megarl.models.from_hf import ModelArchitecture
 
 
 def hf_dtype(arch: ModelArchitecture) -> str:
     name = str(arch.hf_config.get("dtype") or arch.hf_config.get("torch_dtype") or "float32")
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, "fp32")
+    return from_hf_name(name)
 
 
 def hf_to_mcore(args: argparse.Namespace) -> dict:
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     to_mcore.add_argument("--tp", type=int, default=1)
     to_mcore.add_argument("--pp", type=int, default=1)
     to_mcore.add_argument("--vpp", type=int, default=None)
-    to_mcore.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None)
+    to_mcore.add_argument("--dtype", choices=DTYPE_NAMES, default=None)
     to_mcore.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     to_mcore.add_argument("--overwrite", action="store_true")
     to_hf = sub.add_parser("mcore-to-hf")

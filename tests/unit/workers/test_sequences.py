@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from megarl.protocol import Batch
+from megarl.algorithms.aggregate import aggregate
+from megarl.protocol import Batch, Col
 from megarl.workers.sequences import block_causal_mask, build_microbatch, scatter_rows, sequences_from_batch
 
 pytestmark = pytest.mark.unit
@@ -20,6 +21,49 @@ def test_sequences_keep_only_real_tokens():
     seqs = sequences_from_batch(_batch())
     assert [t.tolist() for t in seqs.tokens] == [[5, 6, 7, 8, 9], [4, 3]]
     assert seqs.prompt_lens == [2, 1] and seqs.response_lens == [3, 1] and seqs.response_width == 3
+
+
+def _multi_turn_batch() -> Batch:
+    # row 0: prompt [5, 6], response [7, 8, 9, 1] of which 8 and 9 are a tool's output (read, not sampled);
+    # row 1: prompt [4], response [3] then padding
+    batch = Batch(
+        tensors={
+            Col.INPUT_IDS: torch.tensor([[5, 6, 7, 8, 9, 1], [0, 4, 3, 0, 0, 0]]),
+            Col.ATTENTION_MASK: torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]]),
+            Col.RESPONSE_MASK: torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]]),
+        }
+    )
+    batch[Col.RESPONSES] = batch[Col.INPUT_IDS][:, 2:]
+    return batch
+
+
+@pytest.mark.parametrize("mode", ["pad", "pack"])
+def test_tokens_the_rollout_masks_out_are_read_but_never_trained_on(mode):
+    seqs = sequences_from_batch(_multi_turn_batch())
+    # the tool output stays in the sequence the model reads...
+    assert [t.tolist() for t in seqs.tokens] == [[5, 6, 7, 8, 9, 1], [4, 3]]
+    mb = build_microbatch(seqs, [0, 1], mode, length=8, rows_per_mb=2)
+    assert mb["input_ids"].flatten()[:6].tolist() == [5, 6, 7, 8, 9, 1]
+    assert mb["labels"].flatten()[mb["index"][0]].tolist() == [7, 8, 9, 1]
+    # ...but the loss mask is the rollout's, and so are the token counts that normalise a loss
+    assert mb["mask"].tolist() == [[1, 0, 0, 1], [1, 0, 0, 0]]
+    assert seqs.response_lens == [2, 1]
+    token_losses = torch.tensor([[1.0, 100.0, 100.0, 3.0], [5.0, 0.0, 0.0, 0.0]])
+    loss = aggregate(token_losses, mb["mask"], "token-mean", num_tokens=sum(seqs.response_lens))
+    assert loss.item() == pytest.approx(3.0)
+
+
+def test_without_response_mask_the_attended_response_tokens_are_trained_on():
+    batch = _multi_turn_batch()
+    seqs = sequences_from_batch(batch.select([k for k in batch.keys() if k != Col.RESPONSE_MASK]))
+    assert seqs.loss_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]] and seqs.response_lens == [4, 1]
+
+
+def test_a_response_mask_on_padding_is_rejected():
+    batch = _multi_turn_batch()
+    batch[Col.RESPONSE_MASK][1, 2] = 1.0
+    with pytest.raises(ValueError, match="response_mask is 1 on padding"):
+        sequences_from_batch(batch)
 
 
 def test_padded_microbatch_index_points_at_the_predicting_position():

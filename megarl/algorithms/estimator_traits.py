@@ -1,0 +1,30 @@
+"""What each advantage estimator needs from the rest of a training step, by estimator name.
+
+Torch-free, so config validation reads it without importing torch. `advantages.ESTIMATORS` holds the
+functions under the same names; tests/unit/config/test_vocabulary.py keeps the two tables, the traits
+and the estimators' signatures, and the schema's `AdvEstimator` in agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EstimatorTraits:
+    needs_critic: bool = False  # takes the critic's `values`: the critic must run
+    needs_group: bool = False  # compares the samples of one prompt (`group_ids`): rollout.n ≥ 2
+
+
+ESTIMATOR_TRAITS: dict[str, EstimatorTraits] = {
+    "gae": EstimatorTraits(needs_critic=True),
+    "grpo": EstimatorTraits(needs_group=True),
+    "drgrpo": EstimatorTraits(needs_group=True),
+    "rloo": EstimatorTraits(needs_group=True),
+    "reinforce_plus_plus": EstimatorTraits(),
+    "reinforce_plus_plus_baseline": EstimatorTraits(needs_group=True),
+    "remax": EstimatorTraits(),
+}
+
+CRITIC_ESTIMATORS = tuple(name for name, t in ESTIMATOR_TRAITS.items() if t.needs_critic)
+GROUP_ESTIMATORS = tuple(name for name, t in ESTIMATOR_TRAITS.items() if t.needs_group)

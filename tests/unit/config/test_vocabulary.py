@@ -1,0 +1,61 @@
+"""Every option the schema spells as a Literal names exactly what the implementing code accepts, both ways."""
+
+import inspect
+import typing
+
+import pytest
+import torch
+
+from megarl.algorithms.advantages import ESTIMATORS
+from megarl.algorithms.aggregate import LOSS_AGG_MODES, aggregate
+from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
+from megarl.algorithms.kl import KL_CONTROLLERS, KL_ESTIMATORS, build_kl_controller, kl_penalty
+from megarl.algorithms.policy_loss import POLICY_LOSSES
+from megarl.config import schema
+from megarl.models import dtypes
+from megarl.workers import reward_hf
+
+pytestmark = pytest.mark.unit
+
+# schema Literal -> the names its implementation accepts
+VOCABULARIES = {
+    "AdvEstimator": ESTIMATORS,
+    "LossAggMode": LOSS_AGG_MODES,
+    "KlEstimator": KL_ESTIMATORS,
+    "KlController": KL_CONTROLLERS,
+    "PolicyLoss": POLICY_LOSSES,
+    "Dtype": dtypes.DTYPE_NAMES,
+    "RewardKind": reward_hf.KINDS,
+}
+
+
+@pytest.mark.parametrize("literal", VOCABULARIES)
+def test_schema_literal_equals_the_implemented_names(literal):
+    choices = typing.get_args(getattr(schema, literal))
+    implemented = list(VOCABULARIES[literal])
+    assert sorted(choices) == sorted(implemented), f"schema.{literal} and its implementation disagree"
+
+
+def test_every_estimator_has_traits_that_match_its_signature():
+    assert list(ESTIMATOR_TRAITS) == list(ESTIMATORS)
+    for name, estimator in ESTIMATORS.items():
+        params = inspect.signature(estimator).parameters
+        traits = ESTIMATOR_TRAITS[name]
+        assert traits.needs_critic == ("values" in params), name
+        assert traits.needs_group == ("group_ids" in params), name
+
+
+def test_every_listed_name_is_implemented():
+    values, mask = torch.ones(2, 3), torch.ones(2, 3)
+    for mode in LOSS_AGG_MODES:
+        aggregate(values, mask, mode)
+    for estimator in KL_ESTIMATORS:
+        kl_penalty(values, values, estimator)
+    for kind in KL_CONTROLLERS:
+        build_kl_controller(kind, 0.1)
+    for name in dtypes.DTYPE_NAMES:
+        assert isinstance(dtypes.torch_dtype(name), torch.dtype)
+
+
+def test_reward_hf_kind_literal_is_the_schemas():
+    assert typing.get_args(reward_hf.RewardKind) == typing.get_args(schema.RewardKind)
