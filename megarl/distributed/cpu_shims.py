@@ -1,9 +1,9 @@
 """The named patches that let megatron-core 0.16.1 run on CPU over gloo.
 
 Applied only where the platform needs them (`platform().needs_cpu_shims`; `apply_cpu_shims` is a
-no-op otherwise). Each shim is listed in
-`SHIMS` with what it patches; `tests/multiproc/test_cpu_shims.py` removes each one in turn and shows
-the megatron call that then fails, so a shim that stops being needed is noticed.
+no-op otherwise). Each shim is listed in `SHIMS` with what it patches; `tests/multiproc/test_cpu_shims.py`
+removes each one in turn and shows the megatron call that then fails, so a shim that stops being
+needed is noticed.
 """
 
 from __future__ import annotations

@@ -173,6 +173,7 @@ class ModelArchitecture:
             virtual_pipeline_model_parallel_size=layout.vpp,
             context_parallel_size=layout.cp,
             sequence_parallel=layout.sequence_parallel,
+            # Batched p2p and per-micro-batch lengths on NCCL; gloo needs both off.
             **platform().pipeline_p2p,
             # Initialisation is what tags TP parameters (tensor_model_parallel, partition_dim); the
             # per-shard ("gpu") path does it without materialising full weights on every rank.
