@@ -19,22 +19,22 @@ import time
 
 def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dict:
     """One full reshard, each bucket pushed into `engine` (a VLLMRollout) or dropped; per-rank numbers."""
-    from megarl.hybrid.offload import device_memory_bytes
+    from megarl.distributed.platform import platform
     from megarl.hybrid.reshard import Resharder, ReshardStats
 
     resharder = Resharder(worker.chunks, worker.arch, plan, bucket_bytes=bucket_bytes, naive=naive)
     stats = ReshardStats()
-    before = peak = device_memory_bytes()
+    before = peak = platform().memory_in_use()
     start = time.perf_counter()
     for bucket in resharder.buckets(stats):
-        peak = max(peak, device_memory_bytes())
+        peak = max(peak, platform().memory_in_use())
         if engine is not None:
             pushed = time.perf_counter()
             engine.load_weights(bucket)
             stats.seconds["engine_load"] = (
                 stats.seconds.get("engine_load", 0.0) + time.perf_counter() - pushed
             )
-            peak = max(peak, device_memory_bytes())
+            peak = max(peak, platform().memory_in_use())
         del bucket
     seconds = time.perf_counter() - start
     return {

@@ -1,8 +1,9 @@
 """The named patches that let megatron-core 0.16.1 run on CPU over gloo.
 
-Applied only when CUDA is absent (`apply_cpu_shims` is a no-op otherwise). Each shim is listed in
-`SHIMS` with what it patches; `tests/multiproc/test_cpu_shims.py` removes each one in turn and shows
-the megatron call that then fails, so a shim that stops being needed is noticed.
+Applied only where the platform needs them (`platform().needs_cpu_shims`; `apply_cpu_shims` is a
+no-op otherwise). Each shim is listed in `SHIMS` with what it patches; `tests/multiproc/test_cpu_shims.py`
+removes each one in turn and shows the megatron call that then fails, so a shim that stops being
+needed is noticed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from megarl.distributed.platform import platform
 
 _CPU = torch.device("cpu")
 
@@ -273,11 +276,11 @@ _NEEDS_MEGATRON = ("rng", "sp_norm", "recompute_mask")
 
 
 def apply_cpu_shims(skip: tuple[str, ...] = ()) -> list[str]:
-    """Apply every shim (minus `skip` and `$MEGARL_SKIP_CPU_SHIMS`) when CUDA is absent.
+    """Apply every shim (minus `skip` and `$MEGARL_SKIP_CPU_SHIMS`) where the platform needs them.
 
     Shims that patch megatron wait until megatron is imported: `apply_megatron_shims` applies them.
     """
-    if torch.cuda.is_available():
+    if not platform().needs_cpu_shims:
         return []
     skip = (*skip, *filter(None, os.environ.get("MEGARL_SKIP_CPU_SHIMS", "").split(",")))
     unknown = set(skip) - SHIMS.keys()

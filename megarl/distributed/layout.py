@@ -103,11 +103,11 @@ class ParallelLayout:
 
     def initialize(self, seed: int = 1234) -> None:
         """Create megatron's process groups for this layout (torch.distributed must be up)."""
-        import torch
         import torch.distributed as dist
         from megatron.core import parallel_state, tensor_parallel
 
         from megarl.distributed.cpu_shims import apply_megatron_shims
+        from megarl.distributed.platform import platform
 
         apply_megatron_shims()
 
@@ -124,9 +124,7 @@ class ParallelLayout:
             virtual_pipeline_model_parallel_size=self.vpp,
             context_parallel_size=self.cp,
             expert_model_parallel_size=self.ep,
-            # Gloo twins of every group are for CPU-side collectives next to NCCL; on CPU the groups
-            # already are gloo, and each twin costs threads and sockets.
-            create_gloo_process_groups=torch.cuda.is_available(),
+            create_gloo_process_groups=platform().gloo_twin_groups,
         )
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
         _active[:] = [self]

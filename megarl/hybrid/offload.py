@@ -22,7 +22,6 @@ Do not run forward/backward or step the optimizer on offloaded state: the views 
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import time
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from megarl.distributed.backend import device
+from megarl.distributed.platform import platform
 
 if TYPE_CHECKING:
     from megarl.models.optimizer import TrainOptimizer
@@ -51,7 +50,7 @@ class OffloadReport:
     target: str  # "host", "disk:<directory>", or "dropped" (values not kept; reload zero-fills)
     bytes: int  # storage bytes released from (offload) or restored to (reload) the compute device
     storages: int  # distinct storages (a DDP buffer is one)
-    device_bytes_before: int  # compute-device memory in use: torch.cuda.memory_allocated, on CPU the RSS
+    device_bytes_before: int  # compute-device memory in use: Platform.memory_in_use
     device_bytes_after: int
     seconds: float
 
@@ -77,7 +76,7 @@ class HostMemory:
     name = "host"
 
     def store(self, views: list[torch.Tensor], label: str) -> _Stored:
-        pin = torch.cuda.is_available()
+        pin = platform().pin_memory
         copies = [torch.empty(v.numel(), dtype=torch.uint8, pin_memory=pin) for v in views]
         for copy, view in zip(copies, views):
             copy.copy_(view, non_blocking=pin)
@@ -91,7 +90,7 @@ class _HostCopies:
     def load_into(self, views: list[torch.Tensor]) -> None:
         for view, copy in zip(views, self.copies):
             view.copy_(copy, non_blocking=copy.is_pinned())
-        _synchronize()
+        platform().synchronize()
         self.copies.clear()
 
 
@@ -149,7 +148,7 @@ def _staging(views: list[torch.Tensor]) -> torch.Tensor:
     """A bounded host buffer between the state and a file. Never hand a state tensor to numpy: that
     marks its storage non-resizable for good, and the next offload could not free it."""
     size = max(1, min(_STAGING_BYTES, max((v.numel() for v in views), default=1)))
-    return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    return torch.empty(size, dtype=torch.uint8, pin_memory=platform().pin_memory)
 
 
 # --- storages --------------------------------------------------------------------------------------
@@ -163,7 +162,7 @@ def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
 
 def _unique_storages(tensors, exclude: set[tuple] = frozenset()) -> list[torch.UntypedStorage]:
     """Distinct non-empty storages behind `tensors` that live on the compute device."""
-    here = device()
+    here = platform().device
     seen, storages = set(exclude), []
     for tensor in tensors:
         if tensor is None or tensor.device != here:
@@ -197,16 +196,16 @@ def _offload(owner, state: str, storages, target: OffloadTarget | None, keep_val
     if state in per_owner:
         raise RuntimeError(f"{state} are already offloaded; reload them before offloading again")
     target = target or HostMemory()
-    _release_freed_memory()  # so that `before` holds no garbage of earlier work
-    before, start = device_memory_bytes(), time.perf_counter()
+    platform().release_cached_memory()  # so that `before` holds no garbage of earlier work
+    before, start = platform().memory_in_use(), time.perf_counter()
     sizes = [s.nbytes() for s in storages]
     views = [_byte_view(s) for s in storages]
     stored = target.store(views, state) if keep_values else _Dropped()
-    _synchronize()
+    platform().synchronize()
     del views
     for storage in storages:
         storage.resize_(0)
-    _release_freed_memory()
+    platform().release_cached_memory()
     name = target.name if keep_values else "dropped"
     per_owner[state] = _Offloaded(storages, sizes, stored, name)
     return OffloadReport(
@@ -216,7 +215,7 @@ def _offload(owner, state: str, storages, target: OffloadTarget | None, keep_val
         sum(sizes),
         len(storages),
         before,
-        device_memory_bytes(),
+        platform().memory_in_use(),
         time.perf_counter() - start,
     )
 
@@ -225,12 +224,12 @@ def _reload(owner, state: str) -> OffloadReport:
     entry = _offloaded.get(owner, {}).pop(state, None)
     if entry is None:
         raise RuntimeError(f"{state} are not offloaded; nothing to reload")
-    before, start = device_memory_bytes(), time.perf_counter()
+    before, start = platform().memory_in_use(), time.perf_counter()
     for storage, size in zip(entry.storages, entry.sizes):
         storage.resize_(size)
     entry.stored.load_into([_byte_view(s) for s in entry.storages])
-    _synchronize()
-    _release_freed_memory()  # the host copies or staging buffer
+    platform().synchronize()
+    platform().release_cached_memory()  # the host copies or staging buffer
     return OffloadReport(
         state,
         "reload",
@@ -238,7 +237,7 @@ def _reload(owner, state: str) -> OffloadReport:
         sum(entry.sizes),
         len(entry.storages),
         before,
-        device_memory_bytes(),
+        platform().memory_in_use(),
         time.perf_counter() - start,
     )
 
@@ -305,41 +304,3 @@ def offload_optimizer(opt: TrainOptimizer, target: OffloadTarget | None = None) 
 def reload_optimizer(opt: TrainOptimizer) -> OffloadReport:
     """Put the optimizer state back, bit-exact."""
     return _reload(opt, "optimizer")
-
-
-# --- device memory ---------------------------------------------------------------------------------
-
-
-def device_memory_bytes() -> int:
-    """Compute-device memory in use: torch.cuda.memory_allocated on GPU, the process RSS on CPU."""
-    if torch.cuda.is_available():
-        return torch.cuda.memory_allocated()
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _release_freed_memory() -> None:
-    """Hand freed memory back: the CUDA cache to the driver (so vLLM can take it), or on CPU glibc's
-    free heap pages to the OS (glibc keeps them mapped, and RSS would not show what was freed)."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    elif _libc is not None:
-        _libc.malloc_trim(0)
-
-
-def _load_libc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim  # noqa: B018 -- glibc only
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_libc = _load_libc()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from megarl.distributed.backend import device
+from megarl.distributed.platform import platform
 from megarl.hybrid.plan import GenerationPlan
 from megarl.models.convert import llama
 from megarl.models.convert.loader import global_named_parameters
@@ -166,7 +166,7 @@ class Resharder:
         if self.coords.pp in entry.owners:
             shard = self.local[entry.name].detach()
         else:
-            shard = torch.empty(entry.shape, dtype=entry.dtype, device=device())
+            shard = torch.empty(entry.shape, dtype=entry.dtype, device=platform().device)
         if len(entry.owners) < self.plan.layout.pp:
             shard = shard.contiguous()
             dist.broadcast(shard, src=self.pp_ranks[entry.owners[0]], group=self.pp_group)

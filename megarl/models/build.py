@@ -6,26 +6,16 @@ import torch
 
 from megarl.config.schema import padded_vocab_size
 from megarl.distributed.layout import ParallelLayout
+from megarl.distributed.platform import platform
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.heads import attach_scalar_head
-
-
-def transformer_engine_available() -> bool:
-    """TE imports only with CUDA; without it, it raises RuntimeError (not ImportError)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except (ImportError, RuntimeError, OSError):
-        return False
-    return True
 
 
 def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te is None:
-        use_te = transformer_engine_available()
+        use_te = platform().transformer_engine
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
     return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")

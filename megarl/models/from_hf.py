@@ -14,7 +14,11 @@ from typing import Any
 import torch.nn.functional as F
 
 from megarl.distributed.layout import ParallelLayout
+<<<<<<< HEAD
 from megarl.models import dtypes
+=======
+from megarl.distributed.platform import platform
+>>>>>>> i9-platform
 
 
 class UnsupportedModelError(ValueError):
@@ -171,12 +175,8 @@ class ModelArchitecture:
             virtual_pipeline_model_parallel_size=layout.vpp,
             context_parallel_size=layout.cp,
             sequence_parallel=layout.sequence_parallel,
-            # gloo pairs messages in order: batched p2p silently mismatches peers under PP x VPP.
-            batch_p2p_comm=False,
-            batch_p2p_sync=False,
-            # Shapes are fixed per schedule call (micro-batches are padded to one length): the shape
-            # exchange that variable lengths need uses batched p2p, which mismatches on gloo at PP=2.
-            variable_seq_lengths=False,
+            # Batched p2p and per-micro-batch lengths on NCCL; gloo needs both off.
+            **platform().pipeline_p2p,
             # Initialisation is what tags TP parameters (tensor_model_parallel, partition_dim); the
             # per-shard ("gpu") path does it without materialising full weights on every rank.
             use_cpu_initialization=False,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from megarl.config.schema import OptimizerConfig
+from megarl.distributed.platform import platform
 
 
 class TrainOptimizer:
@@ -121,10 +122,9 @@ def build_optimizer(
         use_distributed_optimizer=cfg.use_distributed_optimizer,
         log_num_zeros_in_grad=log_num_zeros,
     )
-    # Gloo twins of the data-parallel groups exist only next to NCCL (ParallelLayout.initialize);
-    # on CPU the groups themselves are gloo.
+    # Gloo twins of the data-parallel groups exist only where ParallelLayout.initialize made them.
     optimizer = get_megatron_optimizer(
-        megatron_cfg, chunks, use_gloo_process_groups=torch.cuda.is_available()
+        megatron_cfg, chunks, use_gloo_process_groups=platform().gloo_twin_groups
     )
     # The schedules multiply each loss by the current loss scale (1 unless fp16).
     model_config.grad_scale_func = optimizer.scale_loss

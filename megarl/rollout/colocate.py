@@ -16,13 +16,15 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from megarl.distributed.platform import platform
+
 
 @contextlib.contextmanager
 def global_rng_preserved() -> Iterator[None]:
     """Restore Python's, NumPy's and torch's (CPU and every CUDA device's) global RNG states on exit."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
     cpu_state = torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    cuda_states = torch.cuda.get_rng_state_all() if platform().is_cuda else None
     try:
         yield
     finally:

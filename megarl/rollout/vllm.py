@@ -20,7 +20,11 @@ import torch
 import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig, SamplingConfig
+<<<<<<< HEAD
 from megarl.models.dtypes import hf_name
+=======
+from megarl.distributed.platform import platform
+>>>>>>> i9-platform
 from megarl.protocol import Batch
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
@@ -114,7 +118,7 @@ class VLLMRollout(Rollout):
                 "(megarl.distributed.backend.init_distributed); the engine joins its world"
             )
         r = cfg.rollout
-        if r.kv_cache_memory_bytes is None and not torch.cuda.is_available():
+        if r.kv_cache_memory_bytes is None and not platform().is_cuda:
             raise ValueError(
                 "rollout.kv_cache_memory_bytes must be set on CPU (e.g. 67108864 for 64 MiB); "
                 "the memory fraction would reserve that share of host RAM on every rank"
@@ -174,7 +178,7 @@ class VLLMRollout(Rollout):
     @property
     def can_sleep(self) -> bool:
         """Whether the engine can release its memory between generations (vLLM sleep mode: GPU only)."""
-        return torch.cuda.is_available()
+        return platform().is_cuda
 
     def _request_seeds(self, n_prompts: int) -> list[int]:
         """One seed per prompt, fresh for every call and replica; the same on every rank of a replica,

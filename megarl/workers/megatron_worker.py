@@ -26,7 +26,7 @@ from megarl.config.schema import MegarlConfig
 from megarl.controller.dispatch import Dispatch, register
 from megarl.controller.worker import Worker
 from megarl.data.batching import micro_batches_by_count, micro_batches_by_tokens
-from megarl.distributed.backend import device
+from megarl.distributed.platform import platform
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import load_hf_into_chunks
@@ -105,7 +105,7 @@ class MegatronWorker(Worker):
             model.make_vocab_size_divisible_by,
             recompute=recompute,
         )
-        chunks = [chunk.to(device()) for chunk in chunks]
+        chunks = [chunk.to(platform().device) for chunk in chunks]
         load_hf_into_chunks(
             chunks,
             self.arch,
@@ -184,9 +184,6 @@ class MegatronWorker(Worker):
         """`rows` of `seqs` as equal-shape micro-batches: packed to the token budget when
         `max_tokens_per_micro_batch` is set, else `micro_batch_size` padded rows. Per-token `fields`
         ([n, R] tensors of the whole batch) are sliced into each micro-batch by row."""
-        from megarl.distributed.backend import use_cuda
-        from megarl.models.build import transformer_engine_available
-
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
         budget = self.role_cfg.max_tokens_per_micro_batch
         sub = seqs.subset(rows)
@@ -198,14 +195,14 @@ class MegatronWorker(Worker):
         else:
             groups = micro_batches_by_count(len(rows), self.role_cfg.micro_batch_size)
             length, mode, rows_per_mb = padded_length(sub, multiple), "pad", self.role_cfg.micro_batch_size
-        thd = mode == "pack" and use_cuda() and transformer_engine_available()
+        thd = mode == "pack" and platform().transformer_engine
         out = []
         for group in groups:
             mb = build_microbatch(sub, group, mode, length, rows_per_mb, thd=thd)
             mb["rows"] = torch.tensor([rows[i] for i in group], dtype=torch.long)
             for name, value in (fields or {}).items():
                 mb[name] = value[mb["rows"]]
-            out.append({k: v.to(device()) for k, v in mb.items()})
+            out.append({k: v.to(platform().device) for k, v in mb.items()})
         return out
 
     # ---- forward only --------------------------------------------------------------------------------
@@ -247,7 +244,7 @@ class MegatronWorker(Worker):
 
         if self.layout.pp == 1:
             return value
-        value = value.to(device())
+        value = value.to(platform().device)
         dist.broadcast(
             value,
             src=ps.get_pipeline_model_parallel_last_rank(),

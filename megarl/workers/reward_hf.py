@@ -34,7 +34,7 @@ from transformers import (
 
 from megarl.controller.dispatch import Dispatch, register
 from megarl.controller.worker import Worker
-from megarl.distributed.backend import device
+from megarl.distributed.platform import platform
 from megarl.models import dtypes
 from megarl.protocol import Batch
 
@@ -270,7 +270,7 @@ class HFRewardWorker(Worker):
             raise ValueError(f"max_length={max_length} and micro_batch_size={micro_batch_size} must be > 0")
         self.kind, self.micro_batch_size, self.label_index = kind, micro_batch_size, label_index
         self.model, self.tokenizer = load_reward_model(model_path, kind, dtype, label_index)
-        self.model.to(device())
+        self.model.to(platform().device)
         self.policy_tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_path)
         self.max_length = effective_max_length(model_path, self.tokenizer, max_length)
 
