@@ -14,11 +14,8 @@ from typing import Any
 import torch.nn.functional as F
 
 from megarl.distributed.layout import ParallelLayout
-<<<<<<< HEAD
-from megarl.models import dtypes
-=======
 from megarl.distributed.platform import platform
->>>>>>> i9-platform
+from megarl.models import dtypes
 
 
 class UnsupportedModelError(ValueError):

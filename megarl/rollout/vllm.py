@@ -20,11 +20,8 @@ import torch
 import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig, SamplingConfig
-<<<<<<< HEAD
-from megarl.models.dtypes import hf_name
-=======
 from megarl.distributed.platform import platform
->>>>>>> i9-platform
+from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
