@@ -30,12 +30,18 @@ class LayoutError(ValueError):
 class ParallelSizes(Protocol):
     """The sizes a layout is made of: a config's `ParallelConfig`, or a `ParallelLayout` itself."""
 
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    vpp: int | None
-    sequence_parallel: bool
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def vpp(self) -> int | None: ...
+    @property
+    def sequence_parallel(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class LayoutKeys:
 
 
 def divisors(n: int) -> list[int]:
+    """1..n's divisors of n: the sizes a problem line offers instead of one that does not divide."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
