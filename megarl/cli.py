@@ -34,10 +34,8 @@ def _check_launch(
 
     if not (Path(hf) / "config.json").is_file():
         raise UsageError(f"--hf {hf}: no config.json there; point it at a Hugging Face checkpoint directory")
-    parallel, flags = (
-        ParallelConfig(tp=tp, pp=pp, vpp=vpp, sequence_parallel=sequence_parallel),
-        LayoutKeys(flags=True),
-    )
+    parallel = ParallelConfig(tp=tp, pp=pp, vpp=vpp, sequence_parallel=sequence_parallel)
+    flags = LayoutKeys(flags=True)  # problem lines name --tp, --pp, ... as typed
     problems = ParallelLayout.check(parallel, nproc, flags, world=f"--nproc={nproc}")
     ModelArchitecture.from_pretrained(hf)  # names an unsupported architecture before anything else
     try:
