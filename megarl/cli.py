@@ -22,28 +22,27 @@ class UsageError(Exception):
     """Bad input found before any process starts; the message says how to fix it."""
 
 
-def _check_launch(hf: str, tp: int, pp: int, vpp: int | None, nproc: int) -> None:
+def _check_launch(
+    hf: str, tp: int, pp: int, vpp: int | None, nproc: int, sequence_parallel: bool = False
+) -> None:
     """Reject impossible conversions/verifications before torchrun starts any rank."""
     from megarl.config.errors import ConfigError
     from megarl.config.parallel_checks import check_layout_vs_model, read_model_dims
     from megarl.config.schema import ParallelConfig
+    from megarl.distributed.layout import LayoutKeys, ParallelLayout
     from megarl.models.from_hf import ModelArchitecture
 
-    problems: list[str] = []
     if not (Path(hf) / "config.json").is_file():
         raise UsageError(f"--hf {hf}: no config.json there; point it at a Hugging Face checkpoint directory")
-    if nproc < 1 or tp < 1 or pp < 1:
-        raise UsageError(f"--tp {tp} --pp {pp} --nproc {nproc}: all must be >= 1")
-    if nproc % (tp * pp):
-        problems.append(f"--nproc {nproc} is not a multiple of tp*pp={tp * pp}; use --nproc {tp * pp}")
-    if vpp is not None and pp == 1:
-        problems.append(f"--vpp {vpp} needs --pp > 1")
+    parallel = ParallelConfig(tp=tp, pp=pp, vpp=vpp, sequence_parallel=sequence_parallel)
+    flags = LayoutKeys(flags=True)  # problem lines name --tp, --pp, ... as typed
+    problems = ParallelLayout.check(parallel, nproc, flags, world=f"--nproc={nproc}")
     ModelArchitecture.from_pretrained(hf)  # names an unsupported architecture before anything else
     try:
         dims = read_model_dims(hf)
     except (KeyError, ValueError, TypeError) as e:
         raise UsageError(f"--hf {hf}: config.json is malformed ({type(e).__name__}: {e})") from None
-    check_layout_vs_model("--tp/--pp", ParallelConfig(tp=tp, pp=pp, vpp=vpp), dims, problems)
+    check_layout_vs_model(flags, parallel, dims, problems)
     if problems:
         raise UsageError(str(ConfigError(problems)).replace("invalid megarl config", "invalid layout"))
 
@@ -109,9 +108,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_verify_model(args: argparse.Namespace) -> int:
     nproc = args.nproc or args.tp * args.pp
-    _check_launch(args.hf, args.tp, args.pp, args.vpp, nproc)
-    if args.sequence_parallel and args.tp == 1:
-        raise UsageError("--sequence-parallel needs --tp > 1")
+    _check_launch(args.hf, args.tp, args.pp, args.vpp, nproc, args.sequence_parallel)
     layout = (
         f"tp{args.tp}pp{args.pp}"
         + (f"vpp{args.vpp}" if args.vpp else "")

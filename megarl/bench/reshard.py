@@ -53,8 +53,8 @@ def bench_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from megarl.config.schema import MegarlConfig
+    from megarl.distributed.generation_plan import GenerationPlan
     from megarl.distributed.launch import report_from_rank_zero
-    from megarl.hybrid.plan import GenerationPlan
     from megarl.workers.policy import PolicyWorker
 
     cfg = MegarlConfig()

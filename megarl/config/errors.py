@@ -6,6 +6,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from megarl.distributed.layout import divisors
+
+__all__ = ["ConfigError", "at_least", "divisors", "in_range", "join", "need_divides"]
+
 
 class ConfigError(ValueError):
     """An invalid configuration; `problems` holds one actionable line per problem."""
@@ -14,10 +18,6 @@ class ConfigError(ValueError):
         self.problems = list(problems)
         count = f"{len(self.problems)} problem" + ("s" if len(self.problems) != 1 else "")
         super().__init__(f"invalid megarl config ({count}):" + "".join(f"\n  - {p}" for p in self.problems))
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def join(values: Sequence[Any]) -> str:

@@ -1,18 +1,19 @@
 """Checks of each worker group's devices and parallel layout against the cluster and the model.
 
-Model sizes (heads, layers, experts) come from the Hugging Face `config.json` of each role's checkpoint.
+The layout rules themselves are `ParallelLayout.check`'s (distributed/layout.py); here they are applied
+to each role's config keys. Model sizes (heads, layers, experts) come from the Hugging Face `config.json`
+of each role's checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from megarl.config.errors import at_least, divisors, join, need_divides
 from megarl.config.schema import MegarlConfig
+from megarl.distributed.layout import LayoutKeys, ParallelLayout, ParallelSizes
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,11 @@ def _read_dims(key: str, path: str | None, problems: list[str]) -> ModelDims | N
     return None
 
 
-def check_worker_group(cfg: MegarlConfig, role: str, dims: ModelDims | None, problems: list[str]) -> bool:
-    """Check one worker group's devices and layout; True when its data-parallel size is well defined."""
-    r, key, cluster = getattr(cfg, role), f"{role}.parallel", cfg.cluster_size()
+def check_worker_group(
+    cfg: MegarlConfig, role: str, dims: ModelDims | None, problems: list[str]
+) -> ParallelLayout | None:
+    """Check one worker group's devices and layout; its ParallelLayout when both are valid."""
+    r, cluster = getattr(cfg, role), cfg.cluster_size()
     devices_ok = r.n_devices is None or at_least(
         problems, f"{role}.n_devices", r.n_devices, 1, "or null for all"
     )
@@ -100,64 +103,45 @@ def check_worker_group(cfg: MegarlConfig, role: str, dims: ModelDims | None, pro
             f"{role}.n_devices={r.n_devices} needs trainer.launcher=ray; under torchrun every role spans all "
             f"{cluster} devices, so set {role}.n_devices=null"
         )
-    p = r.parallel
-    sizes_ok = all(
-        [
-            at_least(problems, f"{key}.{n}", getattr(p, n), 1, "use 1 to turn it off")
-            for n in ("tp", "pp", "cp", "ep")
-        ]
-    )
-    if (
-        p.vpp is not None
-        and at_least(problems, f"{key}.vpp", p.vpp, 1, "or null to turn it off")
-        and p.pp == 1
-    ):
-        problems.append(f"{key}.vpp={p.vpp} needs {key}.pp > 1; set {key}.vpp=null or raise pp")
-    if p.sequence_parallel and p.tp == 1:
-        problems.append(f"{key}.sequence_parallel=true needs {key}.tp > 1; set sequence_parallel=false")
-    if p.ep > 1 and p.tp > 1 and not p.sequence_parallel:
-        problems.append(
-            f"{key}.ep={p.ep} with tp={p.tp} needs {key}.sequence_parallel=true (Megatron MoE rule)"
+    keys = LayoutKeys(f"{role}.parallel")
+    world, where = None, None
+    if devices_ok and cluster >= 1:
+        t, world = cfg.trainer, cfg.world_size(role)
+        source = (
+            f"{role}.n_devices"
+            if r.n_devices
+            else f"trainer.nnodes·trainer.n_devices_per_node = {t.nnodes}·{t.n_devices_per_node}"
         )
-    if not (sizes_ok and devices_ok and cluster >= 1):
-        return False
-    world = cfg.world_size(role)
-    t = cfg.trainer
-    source = (
-        f"{role}.n_devices"
-        if r.n_devices
-        else f"trainer.nnodes·trainer.n_devices_per_node = {t.nnodes}·{t.n_devices_per_node}"
-    )
-    layout_ok = True
-    for names in (("tp", "pp", "cp"), ("tp", "pp", "ep")) if p.ep > 1 else (("tp", "pp", "cp"),):
-        product = math.prod(getattr(p, n) for n in names)
-        if world % product:
-            problems.append(
-                f"{key}: {'·'.join(names)} = {'·'.join(str(getattr(p, n)) for n in names)} = {product} does not "
-                f"divide the {world} devices of the {role} ({source}); make {'·'.join(names)} one of "
-                f"{join(divisors(world))} or use a multiple of {product} devices"
-            )
-            layout_ok = False
+        where = f"the {world} devices of the {role} ({source})"
+    layout_problems = ParallelLayout.check(r.parallel, world, keys, where)
+    problems += layout_problems
     if dims is not None:
-        check_layout_vs_model(key, p, dims, problems)
-    return layout_ok
+        check_layout_vs_model(keys, r.parallel, dims, problems)
+    if layout_problems or world is None:
+        return None
+    return cfg.layout(role)
 
 
-def check_layout_vs_model(key: str, p: Any, dims: ModelDims, problems: list[str]) -> None:
-    """Append a problem for each size of layout `p` (tp, pp, vpp, ep) that the model cannot be split by."""
+def check_layout_vs_model(keys: LayoutKeys, p: ParallelSizes, dims: ModelDims, problems: list[str]) -> None:
+    """Append a problem for each size of layout `p` (tp, pp, vpp, ep) that the model cannot be split by;
+    sizes below 1 are left to ParallelLayout.check."""
+    if min(p.tp, p.pp, p.ep) < 1 or (p.vpp is not None and p.vpp < 1):
+        return
     heads = [
         ("num_attention_heads", dims.num_attention_heads),
         ("num_key_value_heads", dims.num_key_value_heads),
     ]
-    need_divides(problems, f"{key}.tp", p.tp, heads)
+    need_divides(problems, keys.key("tp"), p.tp, heads)
     layers = dims.num_hidden_layers
-    if need_divides(problems, f"{key}.pp", p.pp, [("num_hidden_layers", layers)]) and p.vpp and p.pp > 1:
+    if need_divides(problems, keys.key("pp"), p.pp, [("num_hidden_layers", layers)]) and p.vpp and p.pp > 1:
         if layers % (p.pp * p.vpp):
             problems.append(
-                f"{key}.vpp={p.vpp}: pp·vpp = {p.pp * p.vpp} does not divide num_hidden_layers={layers}; "
-                f"use vpp in {join(divisors(layers // p.pp))} or vpp=null"
+                f"{keys.setting('vpp', p.vpp)}: pp·vpp = {p.pp * p.vpp} does not divide num_hidden_layers={layers}; "
+                f"use vpp in {join(divisors(layers // p.pp))}, or {keys.unset('vpp', None)}"
             )
     if p.ep > 1 and dims.num_experts == 0:
-        problems.append(f"{key}.ep={p.ep} but the model is dense (no experts); set {key}.ep=1")
+        problems.append(
+            f"{keys.setting('ep', p.ep)} but the model is dense (no experts); set {keys.key('ep')}=1"
+        )
     elif p.ep > 1:
-        need_divides(problems, f"{key}.ep", p.ep, [("num_experts", dims.num_experts)])
+        need_divides(problems, keys.key("ep"), p.ep, [("num_experts", dims.num_experts)])

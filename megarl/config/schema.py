@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megarl.distributed.layout import LayoutKeys, ParallelLayout
+
 # The option names below equal what their implementation accepts (megarl.algorithms, models.dtypes,
 # workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -267,7 +269,10 @@ class MegarlConfig:
         n_devices = self.actor.n_devices if role == "ref" else getattr(self, role).n_devices
         return self.cluster_size() if n_devices is None else n_devices
 
-    def data_parallel_size(self, role: str) -> int:
-        """Data-parallel replicas of a role: world size / (tp·pp·cp), rounded down."""
-        p = self.parallel_of(role)
-        return max(1, self.world_size(role) // (p.tp * p.pp * p.cp))
+    def layout(self, role: str) -> ParallelLayout:
+        """A role's ParallelLayout over its devices; a LayoutError naming the role's config keys when the
+        layout cannot work (the reference shares the actor's layout and keys)."""
+        section = "actor" if role == "ref" else role
+        return ParallelLayout.from_config(
+            self.parallel_of(role), self.world_size(role), LayoutKeys(f"{section}.parallel")
+        )

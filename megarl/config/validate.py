@@ -14,9 +14,11 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Literal
 
 from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS, GROUP_ESTIMATORS
-from megarl.config.errors import ConfigError, at_least, divisors, in_range, join, need_divides
+from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.schema import MegarlConfig, OptimizerConfig
+from megarl.distributed.generation_plan import GenerationPlan
+from megarl.distributed.layout import ParallelLayout
 
 __all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "validate"]
 
@@ -51,8 +53,8 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     dims = load_dims(cfg, check_paths, problems)
     _check_model(cfg, check_paths, problems)
     _check_trainer(cfg, check_paths, problems)
-    layout_ok = {role: check_worker_group(cfg, role, dims.get(role), problems) for role in _layout_roles(cfg)}
-    for role in [*layout_ok, "ref"] if cfg.ref.enable else layout_ok:
+    layouts = {role: check_worker_group(cfg, role, dims.get(role), problems) for role in _layout_roles(cfg)}
+    for role in [*layouts, "ref"] if cfg.ref.enable else layouts:
         r = getattr(cfg, role)
         _check_batching(cfg, role, r.micro_batch_size, r.max_tokens_per_micro_batch, problems)
     for role in ("actor", "critic") if cfg.critic.enable else ("actor",):
@@ -60,7 +62,8 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_rollout(cfg, dims.get("actor"), problems)
     _check_data(cfg, check_paths, problems)
     _check_algorithm(cfg, problems)
-    _check_batches(cfg, [r for r, ok in layout_ok.items() if ok and r in ("actor", "critic")], problems)
+    trained = {r: layout for r, layout in layouts.items() if layout and r in ("actor", "critic")}
+    _check_batches(cfg, trained, problems)
     _check_logging(cfg, problems)
     if problems:
         raise ConfigError(problems)
@@ -143,13 +146,8 @@ def _check_optimizer(cfg: MegarlConfig, key: str, o: OptimizerConfig, problems: 
 
 
 def _check_rollout(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str]) -> None:
-    r, actor_tp = cfg.rollout, cfg.actor.parallel.tp
-    if at_least(problems, "rollout.tp", r.tp, 1, "e.g. 1") and actor_tp >= 1:
-        limits = [("actor.parallel.tp", actor_tp)]
-        if dims is not None:
-            limits.append(("num_key_value_heads", dims.num_key_value_heads))
-        why = " (the 3D-HybridEngine builds generation TP shards from training TP shards)"
-        need_divides(problems, "rollout.tp", r.tp, limits, why)
+    r = cfg.rollout
+    problems += GenerationPlan.check(cfg.actor.parallel, r.tp, dims.num_key_value_heads if dims else None)
     at_least(problems, "rollout.n", r.n, 1, "e.g. 1, or 8 for GRPO")
     if (
         at_least(problems, "rollout.temperature", r.temperature, 0, "e.g. 1.0")
@@ -268,7 +266,7 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     at_least(problems, "algorithm.ppo_mini_batch_size", a.ppo_mini_batch_size, 1, "e.g. 16 prompts")
 
 
-def _check_batches(cfg: MegarlConfig, roles: list[str], problems: list[str]) -> None:
+def _check_batches(cfg: MegarlConfig, layouts: dict[str, ParallelLayout], problems: list[str]) -> None:
     """Prompts → mini-batches → data-parallel ranks → micro-batches must all split evenly."""
     train, mini, n = cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size, cfg.rollout.n
     if train < 1 or mini < 1 or n < 1:
@@ -283,8 +281,8 @@ def _check_batches(cfg: MegarlConfig, roles: list[str], problems: list[str]) -> 
             f"algorithm.ppo_mini_batch_size={mini} does not divide data.train_batch_size={train}; "
             f"use one of {join(divisors(train))}"
         )
-    for role in roles:
-        dp, r = cfg.data_parallel_size(role), getattr(cfg, role)
+    for role, layout in layouts.items():
+        dp, r = layout.dp, getattr(cfg, role)
         if role == "actor" and train % dp:
             problems.append(
                 f"data.train_batch_size={train} is not a multiple of the actor's data-parallel size {dp}; "

@@ -16,6 +16,7 @@ from typing import Any
 from megarl.controller.dispatch import Dispatch, RankInfo, register
 from megarl.distributed.backend import init_distributed
 from megarl.distributed.env import detect_env
+from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
 
 
@@ -52,11 +53,11 @@ class Worker:
         last_stage = c.pp == self.layout.pp - 1
         gen = {}
         if self.rollout_tp is not None:
-            gen_dp_rank, gen_tp_rank = self.layout.generation_coordinates(self.env.rank, self.rollout_tp)
+            plan = GenerationPlan.for_layout(self.layout, self.rollout_tp)
             gen = {
-                "gen_dp_rank": gen_dp_rank,
-                "gen_dp_size": self.env.world_size // self.rollout_tp,
-                "gen_collect": gen_tp_rank == 0,
+                "gen_dp_rank": plan.gen_dp_rank(self.env.rank),
+                "gen_dp_size": plan.gen_dp_size,
+                "gen_collect": plan.gen_tp_rank(self.env.rank) == 0,
             }
         return RankInfo(
             rank=self.env.rank,

@@ -1,17 +1,77 @@
-"""ParallelLayout: the one object that owns a worker group's parallel sizes.
+"""ParallelLayout: the one object that owns a worker group's parallel sizes and their rules.
 
-It validates the sizes once, maps ranks to (tp, cp, dp, pp) coordinates in megatron's default order
-("tp-cp-ep-dp-pp": TP ranks are consecutive, PP is outermost), and initialises megatron's
-parallel_state for the current process.
+`ParallelLayout.check` is the single source of the layout rules: it returns one problem line per broken
+rule, naming the key as the user spelled it (`LayoutKeys`: a config key, a field name or a CLI flag) and
+how to fix it. Config validation and the CLI report those lines; `ParallelLayout.from_config` and the
+constructor raise them as a LayoutError. The layout maps ranks to (tp, cp, dp, pp) coordinates in
+megatron's default order ("tp-cp-ep-dp-pp": TP ranks are consecutive, PP is outermost), and initialises
+megatron's parallel_state for the current process.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class LayoutError(ValueError):
-    """A parallel layout that cannot work, with a message saying how to fix it."""
+    """A parallel layout that cannot work; `problems` holds one line per problem, each saying how to fix it."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid parallel layout: " + "; ".join(self.problems))
+
+    def __reduce__(self):  # travels between Ray processes with its problem lines
+        return LayoutError, (self.problems,)
+
+
+class ParallelSizes(Protocol):
+    """The sizes a layout is made of: a config's `ParallelConfig`, or a `ParallelLayout` itself."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def vpp(self) -> int | None: ...
+    @property
+    def sequence_parallel(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class LayoutKeys:
+    """How problem lines name a layout's sizes: the config keys under `prefix` (`actor.parallel.tp`),
+    bare field names (prefix ""), or command-line flags (`flags=True`: `--tp`)."""
+
+    prefix: str = ""
+    flags: bool = False
+
+    def key(self, name: str) -> str:
+        if self.flags:
+            return "--" + name.replace("_", "-")
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def setting(self, name: str, value: int | bool | None) -> str:
+        """The size as the user writes it: `actor.parallel.vpp=2`, `--vpp=2`, `--sequence-parallel`."""
+        if self.flags and value is True:
+            return self.key(name)
+        spelled = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+        return f"{self.key(name)}={spelled}"
+
+    def unset(self, name: str, off: bool | None) -> str:
+        """How to turn an optional feature off: `set actor.parallel.vpp=null`, `drop --vpp`."""
+        return f"drop {self.key(name)}" if self.flags else f"set {self.setting(name, off)}"
+
+
+def divisors(n: int) -> list[int]:
+    """1..n's divisors of n: the sizes a problem line offers instead of one that does not divide."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
@@ -33,26 +93,83 @@ class ParallelLayout:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("world_size", "tp", "pp", "cp", "ep"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
-        model_parallel = self.tp * self.pp * self.cp
-        if not problems and self.world_size % model_parallel:
-            problems.append(
-                f"tp*pp*cp={model_parallel} does not divide world_size={self.world_size}; "
-                f"use a world size that is a multiple of {model_parallel} or smaller tp/pp/cp"
-            )
-        if not problems and self.ep > 1 and self.dp * self.cp % self.ep:
-            problems.append(f"ep={self.ep} must divide dp*cp={self.dp * self.cp}")
-        if self.vpp is not None and (self.vpp < 1 or self.pp == 1):
-            problems.append(
-                f"vpp={self.vpp} needs pp > 1 and vpp >= 1 (got pp={self.pp}); unset vpp or raise pp"
-            )
-        if self.sequence_parallel and self.tp == 1:
-            problems.append("sequence_parallel=True needs tp > 1; set sequence_parallel=False or tp >= 2")
+        problems = ParallelLayout.check(self, self.world_size)
         if problems:
-            raise LayoutError("invalid parallel layout: " + "; ".join(problems))
+            raise LayoutError(problems)
+
+    @classmethod
+    def from_config(
+        cls,
+        parallel: ParallelSizes,
+        world_size: int,
+        keys: LayoutKeys = LayoutKeys(),
+        world: str | None = None,
+    ) -> ParallelLayout:
+        """The layout of `parallel` (e.g. a config's `actor.parallel`) over `world_size` ranks; a LayoutError
+        with `check`'s lines (named by `keys`, e.g. `LayoutKeys("actor.parallel")`) when it cannot work."""
+        problems = cls.check(parallel, world_size, keys, world)
+        if problems:
+            raise LayoutError(problems)
+        return cls(
+            world_size=world_size,
+            tp=parallel.tp,
+            pp=parallel.pp,
+            cp=parallel.cp,
+            ep=parallel.ep,
+            vpp=parallel.vpp,
+            sequence_parallel=parallel.sequence_parallel,
+        )
+
+    @staticmethod
+    def check(
+        parallel: ParallelSizes,
+        world_size: int | None,
+        keys: LayoutKeys = LayoutKeys(),
+        world: str | None = None,
+    ) -> list[str]:
+        """Every rule a layout must obey, as problem lines (empty: it works). `world_size=None` skips the
+        rules that need the world (its size is itself invalid); `world` says where it comes from in the
+        lines (default "world_size=N")."""
+        p, key, setting = parallel, keys.key, keys.setting
+        problems = [
+            f"{setting(n, getattr(p, n))} must be ≥ 1; use 1 to turn it off"
+            for n in ("tp", "pp", "cp", "ep")
+            if getattr(p, n) < 1
+        ]
+        sizes_ok = not problems
+        if p.vpp is not None and p.vpp < 1:
+            problems.append(f"{setting('vpp', p.vpp)} must be ≥ 1; {keys.unset('vpp', None)} to turn it off")
+        elif p.vpp is not None and p.pp == 1:
+            problems.append(
+                f"{setting('vpp', p.vpp)} needs {key('pp')} > 1; {keys.unset('vpp', None)} or raise {key('pp')}"
+            )
+        if p.sequence_parallel and p.tp == 1:
+            problems.append(
+                f"{setting('sequence_parallel', True)} needs {key('tp')} > 1; "
+                f"{keys.unset('sequence_parallel', False)} or raise {key('tp')}"
+            )
+        if p.ep > 1 and p.tp > 1 and not p.sequence_parallel:
+            problems.append(
+                f"{setting('ep', p.ep)} with {setting('tp', p.tp)} needs {setting('sequence_parallel', True)} "
+                "(Megatron MoE rule)"
+            )
+        if world_size is None or not sizes_ok:
+            return problems
+        world = world or f"world_size={world_size}"
+        if world_size < 1:
+            return [*problems, f"{world} must be ≥ 1"]
+        label = f"{keys.prefix}: " if keys.prefix and not keys.flags else ""
+        # megatron lays ranks out twice: tp·cp·dp·pp for the dense layers, tp·ep·dp·pp for the experts.
+        for names in (("tp", "pp", "cp"), ("tp", "pp", "ep")) if p.ep > 1 else (("tp", "pp", "cp"),):
+            product = math.prod(getattr(p, n) for n in names)
+            if world_size % product:
+                sizes = "·".join(names)
+                problems.append(
+                    f"{label}{sizes} = {'·'.join(str(getattr(p, n)) for n in names)} = {product} does not divide "
+                    f"{world}; make {sizes} one of {', '.join(map(str, divisors(world_size)))} or use a "
+                    f"multiple of {product} devices"
+                )
+        return problems
 
     @property
     def dp(self) -> int:
@@ -80,17 +197,6 @@ class ParallelLayout:
         c = self.coordinates(rank)
         return [self.rank(Coordinates(c.tp, c.cp, d, c.pp)) for d in range(self.dp)]
 
-    def generation_coordinates(self, rank: int, rollout_tp: int) -> tuple[int, int]:
-        """(generation DP rank, generation TP rank) of `rank` when the rollout engine runs at TP=rollout_tp.
-
-        The 3D-HybridEngine's grouping (DESIGN §5) lives in megarl.hybrid.plan.GenerationPlan.
-        """
-        # Imported here: the plan builds on this module (rank order lives here, generation grouping there).
-        from megarl.hybrid.plan import GenerationPlan
-
-        plan = GenerationPlan.for_layout(self, rollout_tp)
-        return plan.gen_dp_rank(rank), plan.gen_tp_rank(rank)
-
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
@@ -113,8 +219,10 @@ class ParallelLayout:
 
         if dist.get_world_size() != self.world_size:
             raise LayoutError(
-                f"layout {self.describe()} is for world_size={self.world_size}, "
-                f"but torch.distributed has {dist.get_world_size()} ranks"
+                [
+                    f"layout {self.describe()} is for world_size={self.world_size}, but torch.distributed "
+                    f"has {dist.get_world_size()} ranks; build the layout for that world size"
+                ]
             )
         ParallelLayout.destroy()
         _groups_before_megatron[:] = list(_process_groups())

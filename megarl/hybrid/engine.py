@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from megarl.hybrid.plan import GenerationPlan
+from megarl.distributed.generation_plan import GenerationPlan
 from megarl.hybrid.reshard import Resharder, ReshardStats
 from megarl.protocol import Batch
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from megarl.distributed.generation_plan import GenerationPlan
+from megarl.distributed.param_kind import ParamKind
 from megarl.distributed.platform import platform
-from megarl.hybrid.plan import GenerationPlan
 from megarl.models.convert import llama
 from megarl.models.convert.loader import global_named_parameters
 from megarl.models.from_hf import ModelArchitecture
@@ -158,9 +159,7 @@ class Resharder:
         start = time.perf_counter()
         kind = llama.param_map(entry.name, self.arch)[0].kind
         param_bytes = (
-            math.prod(entry.shape)
-            * entry.dtype.itemsize
-            * (1 if kind == "replicated" else self.plan.layout.tp)
+            math.prod(entry.shape) * entry.dtype.itemsize * (self.plan.layout.tp if kind.tp_sharded else 1)
         )
         stats.floor_bytes += self.plan.received_bytes(self.rank, param_bytes, kind, entry.owners)
         if self.coords.pp in entry.owners:
@@ -178,7 +177,7 @@ class Resharder:
     def _to_hf(self, entry: _Entry, shard: torch.Tensor, stats: ReshardStats) -> HFBucket:
         start = time.perf_counter()
         param, hf_names = llama.param_map(entry.name, self.arch)
-        if param.kind == "replicated":
+        if not param.kind.tp_sharded:
             pieces, group_size, region = [shard], 1, None
         elif self.naive:
             pieces = self._all_gather(shard, self.tp_group, self.plan.layout.tp, stats)
@@ -217,22 +216,22 @@ def _hf_regions(
 ) -> HFBucket:
     """Full-shaped HF tensors holding, at region `region` of `parts`, the data of the concatenated TP
     `pieces` (megatron layout); elsewhere they are left unwritten."""
-    if param.kind == "row":
+    if param.kind is ParamKind.ROW:
         return [(hf_names[0], _place(torch.cat(pieces, dim=1), region, parts, dim=1))]
-    if param.kind == "vocab":
+    if param.kind is ParamKind.VOCAB:
         rows = torch.cat(pieces, dim=0)
         full = rows.new_empty(arch.vocab_size, *rows.shape[1:])
         first = region * rows.shape[0]
         valid = max(0, min(rows.shape[0], arch.vocab_size - first))
         full[first : first + valid] = rows[:valid]
         return [(hf_names[0], full)]
-    if param.kind == "column":
+    if param.kind is ParamKind.COLUMN:
         return [(hf_names[0], _place(torch.cat(pieces, dim=0), region, parts, dim=0))]
-    if param.kind == "gate_up":
+    if param.kind is ParamKind.GATE_UP:
         halves = [p.chunk(2, dim=0) for p in pieces]
         gate, up = torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
         return [(hf_names[0], _place(gate, region, parts, 0)), (hf_names[1], _place(up, region, parts, 0))]
-    if param.kind == "qkv":
+    if param.kind is ParamKind.QKV:
         groups, d = arch.num_kv_heads // parts, arch.head_dim
         per_group = arch.num_heads // arch.num_kv_heads
         grouped = torch.cat(pieces, dim=0)
@@ -241,7 +240,7 @@ def _hf_regions(
         return [
             (name, _place(t.reshape(-1, *rest), region, parts, 0)) for name, t in zip(hf_names, (q, k, v))
         ]
-    raise ValueError(f"unknown parameter kind {param.kind!r}")
+    raise AssertionError(f"unhandled parameter kind {param.kind}")
 
 
 def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tensor:

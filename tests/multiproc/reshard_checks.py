@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from megarl.config.schema import MegarlConfig
+from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.launch import report_from_rank_zero
-from megarl.hybrid.plan import GenerationPlan
 from megarl.hybrid.reshard import Resharder, ReshardStats
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.workers.policy import PolicyWorker

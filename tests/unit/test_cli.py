@@ -51,11 +51,15 @@ def test_config_show_rejects_bad_values_naming_key_and_fix(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--tp", "3"], "--tp/--pp.tp=3 does not divide num_attention_heads=4"),
-        (["--pp", "3"], "does not divide num_hidden_layers=4"),
-        (["--tp", "2", "--nproc", "3"], "--nproc 3 is not a multiple of tp*pp=2"),
-        (["--vpp", "2"], "--vpp 2 needs --pp > 1"),
-        (["--sequence-parallel"], "--sequence-parallel needs --tp > 1"),
+        (
+            ["--tp", "3"],
+            "--tp=3 does not divide num_attention_heads=4 and num_key_value_heads=2; use one of 1, 2",
+        ),
+        (["--pp", "3"], "--pp=3 does not divide num_hidden_layers=4"),
+        (["--tp", "2", "--nproc", "3"], "tp·pp·cp = 2·1·1 = 2 does not divide --nproc=3"),
+        (["--tp", "0"], "--tp=0 must be ≥ 1"),
+        (["--vpp", "2"], "--vpp=2 needs --pp > 1; drop --vpp or raise --pp"),
+        (["--sequence-parallel"], "--sequence-parallel needs --tp > 1; drop --sequence-parallel"),
     ],
 )
 def test_verify_model_rejects_impossible_layouts_before_launching(hf_config_dir, capsys, argv, message):

@@ -1,7 +1,7 @@
 """HF <-> megatron names and layouts for the Llama family (Llama, Mistral, Qwen2, Qwen3), as data.
 
 `PARAMS` maps each megatron parameter (local layer spec names; `{i}` is the global layer index) to the
-HF tensors it is made of and its TP layout kind (see sharding.py). Entries whose HF tensors a given
+HF tensors it is made of and its TP layout (ParamKind). Entries whose HF tensors a given
 checkpoint does not have (biases, q/k norms, a tied lm_head) are simply absent from that model.
 """
 
@@ -12,48 +12,51 @@ from dataclasses import dataclass
 
 import torch
 
+from megarl.distributed.param_kind import ParamKind
 from megarl.models.from_hf import ModelArchitecture
 
 
 @dataclass(frozen=True)
 class ParamMap:
     hf: tuple[str, ...]
-    kind: str
+    kind: ParamKind
     combine: str = "single"  # "single" | "qkv" | "gate_up": how several HF tensors become one
 
 
 _L = "model.layers.{i}."
 PARAMS: dict[str, ParamMap] = {
-    "embedding.word_embeddings.weight": ParamMap(("model.embed_tokens.weight",), "vocab"),
-    "decoder.final_layernorm.weight": ParamMap(("model.norm.weight",), "replicated"),
-    "output_layer.weight": ParamMap(("lm_head.weight",), "vocab"),
-    "decoder.layers.{i}.input_layernorm.weight": ParamMap((_L + "input_layernorm.weight",), "replicated"),
+    "embedding.word_embeddings.weight": ParamMap(("model.embed_tokens.weight",), ParamKind.VOCAB),
+    "decoder.final_layernorm.weight": ParamMap(("model.norm.weight",), ParamKind.REPLICATED),
+    "output_layer.weight": ParamMap(("lm_head.weight",), ParamKind.VOCAB),
+    "decoder.layers.{i}.input_layernorm.weight": ParamMap(
+        (_L + "input_layernorm.weight",), ParamKind.REPLICATED
+    ),
     "decoder.layers.{i}.self_attention.linear_qkv.weight": ParamMap(
-        tuple(_L + f"self_attn.{p}_proj.weight" for p in "qkv"), "qkv", "qkv"
+        tuple(_L + f"self_attn.{p}_proj.weight" for p in "qkv"), ParamKind.QKV, "qkv"
     ),
     "decoder.layers.{i}.self_attention.linear_qkv.bias": ParamMap(
-        tuple(_L + f"self_attn.{p}_proj.bias" for p in "qkv"), "qkv", "qkv"
+        tuple(_L + f"self_attn.{p}_proj.bias" for p in "qkv"), ParamKind.QKV, "qkv"
     ),
     "decoder.layers.{i}.self_attention.q_layernorm.weight": ParamMap(
-        (_L + "self_attn.q_norm.weight",), "replicated"
+        (_L + "self_attn.q_norm.weight",), ParamKind.REPLICATED
     ),
     "decoder.layers.{i}.self_attention.k_layernorm.weight": ParamMap(
-        (_L + "self_attn.k_norm.weight",), "replicated"
+        (_L + "self_attn.k_norm.weight",), ParamKind.REPLICATED
     ),
     "decoder.layers.{i}.self_attention.linear_proj.weight": ParamMap(
-        (_L + "self_attn.o_proj.weight",), "row"
+        (_L + "self_attn.o_proj.weight",), ParamKind.ROW
     ),
     "decoder.layers.{i}.pre_mlp_layernorm.weight": ParamMap(
-        (_L + "post_attention_layernorm.weight",), "replicated"
+        (_L + "post_attention_layernorm.weight",), ParamKind.REPLICATED
     ),
     "decoder.layers.{i}.mlp.linear_fc1.weight": ParamMap(
-        (_L + "mlp.gate_proj.weight", _L + "mlp.up_proj.weight"), "gate_up", "gate_up"
+        (_L + "mlp.gate_proj.weight", _L + "mlp.up_proj.weight"), ParamKind.GATE_UP, "gate_up"
     ),
-    "decoder.layers.{i}.mlp.linear_fc2.weight": ParamMap((_L + "mlp.down_proj.weight",), "row"),
+    "decoder.layers.{i}.mlp.linear_fc2.weight": ParamMap((_L + "mlp.down_proj.weight",), ParamKind.ROW),
 }
 
 # Critic / reward models: megarl's ScalarHead sits where the LM head was.
-SCALAR_HEAD = ParamMap(("score.weight",), "replicated")
+SCALAR_HEAD = ParamMap(("score.weight",), ParamKind.REPLICATED)
 
 # Transformer Engine fuses the norms into the following linear layer.
 TE_ALIASES = {

@@ -75,7 +75,7 @@ def full_megatron_tensors(
             entry, _ = llama.param_map(name, arch)
             local = (getattr(param, "main_grad", param.grad) if grads else param).detach()
             shards = [local]
-            if tp > 1 and entry.kind != "replicated":
+            if tp > 1 and entry.kind.tp_sharded:
                 shards = [torch.empty_like(local) for _ in range(tp)]
                 dist.all_gather(shards, local.contiguous(), group=group)
             yield name, unshard(entry.kind, shards, vocab_size=arch.vocab_size)

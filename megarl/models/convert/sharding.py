@@ -1,29 +1,24 @@
-"""How each kind of megatron parameter is laid out across tensor-parallel ranks (pure tensor code).
+"""Split a full megatron tensor into TP shards and join them back, by its ParamKind (pure tensor code).
 
-A "full" tensor is what a TP=1 megatron model holds. The kinds:
-  replicated  every TP rank holds the whole tensor (norms)
-  column      split along dim 0 (output features)
-  row         split along dim 1 (input features)
-  qkv         fused q/k/v grouped per query group: [g0: q.. k v | g1: q.. k v | ...]; TP splits whole
-              groups, so a plain dim-0 split is right (tp must divide the number of query groups)
-  gate_up     SwiGLU fc1 = [gate; up] *per TP shard*: shard i is [gate_i; up_i], not a slice of [gate; up]
-  vocab       rows padded to the padded vocabulary, then split along dim 0
+A "full" tensor is what a TP=1 megatron model holds; the kinds are described in
+megarl/distributed/param_kind.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-KINDS = ("replicated", "column", "row", "qkv", "gate_up", "vocab")
+from megarl.distributed.param_kind import ParamKind
 
 
 def shard(
-    kind: str, full: torch.Tensor, tp_rank: int, tp: int, padded_rows: int | None = None
+    kind: ParamKind | str, full: torch.Tensor, tp_rank: int, tp: int, padded_rows: int | None = None
 ) -> torch.Tensor:
     """The TP shard of `full` held by `tp_rank`."""
-    if kind == "replicated":
+    kind = ParamKind.of(kind)
+    if kind is ParamKind.REPLICATED:
         return full
-    if kind == "vocab":
+    if kind is ParamKind.VOCAB:
         if padded_rows is None:
             raise ValueError("vocab shards need padded_rows")
         pad = padded_rows - full.shape[0]
@@ -31,29 +26,30 @@ def shard(
             raise ValueError(f"vocabulary {full.shape[0]} is larger than the padded size {padded_rows}")
         full = torch.cat([full, full.new_zeros(pad, *full.shape[1:])]) if pad else full
         return full.chunk(tp, dim=0)[tp_rank]
-    if kind in ("column", "qkv"):
+    if kind in (ParamKind.COLUMN, ParamKind.QKV):
         return full.chunk(tp, dim=0)[tp_rank]
-    if kind == "row":
+    if kind is ParamKind.ROW:
         return full.chunk(tp, dim=1)[tp_rank]
-    if kind == "gate_up":
+    if kind is ParamKind.GATE_UP:
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]])
-    raise ValueError(f"unknown parameter kind {kind!r}; known: {KINDS}")
+    raise AssertionError(f"unhandled parameter kind {kind}")
 
 
-def unshard(kind: str, shards: list[torch.Tensor], vocab_size: int | None = None) -> torch.Tensor:
+def unshard(kind: ParamKind | str, shards: list[torch.Tensor], vocab_size: int | None = None) -> torch.Tensor:
     """Inverse of `shard`: the full tensor from every TP rank's shard (padding rows removed)."""
-    if kind == "replicated":
+    kind = ParamKind.of(kind)
+    if kind is ParamKind.REPLICATED:
         return shards[0]
-    if kind == "vocab":
+    if kind is ParamKind.VOCAB:
         if vocab_size is None:
             raise ValueError("vocab unshard needs vocab_size")
         return torch.cat(shards, dim=0)[:vocab_size]
-    if kind in ("column", "qkv"):
+    if kind in (ParamKind.COLUMN, ParamKind.QKV):
         return torch.cat(shards, dim=0)
-    if kind == "row":
+    if kind is ParamKind.ROW:
         return torch.cat(shards, dim=1)
-    if kind == "gate_up":
+    if kind is ParamKind.GATE_UP:
         halves = [s.chunk(2, dim=0) for s in shards]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
-    raise ValueError(f"unknown parameter kind {kind!r}; known: {KINDS}")
+    raise AssertionError(f"unhandled parameter kind {kind}")

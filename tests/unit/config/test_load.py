@@ -252,7 +252,7 @@ def test_tiny_model_quickstart_passes_and_resolves_auto_fields(tiny_run):
     cfg = load_config(QUICKSTART, tiny_run)
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.critic.enable is False and cfg.ref.enable is True and cfg.reward.enable is False
-    assert cfg.world_size("actor") == 2 and cfg.data_parallel_size("actor") == 2
+    assert cfg.world_size("actor") == 2 and cfg.layout("actor").dp == 2
     assert cfg.parallel_of("ref") is cfg.actor.parallel
 
 
@@ -269,7 +269,7 @@ def test_ppo_llama_8b_layout_fits_llama3_8b(tmp_path):
     ]
     cfg = load_config(CONFIGS / "ppo_llama_8b.yaml", [*overrides, "trainer.eval_every=0"])
     assert cfg.critic.enable and cfg.ref.enable
-    assert cfg.data_parallel_size("actor") == cfg.data_parallel_size("critic") == 2
+    assert cfg.layout("actor").dp == cfg.layout("critic").dp == 2
     err = _error(
         [*overrides, "trainer.eval_every=0", "rollout.tp=8", "actor.parallel.pp=3"],
         CONFIGS / "ppo_llama_8b.yaml",

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from megarl.controller.dispatch import Dispatch, RankInfo, collect, dispatch_mode_of, register, split
+from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import LayoutError, ParallelLayout
 from megarl.protocol import Batch
 
@@ -82,29 +83,28 @@ def test_register_marks_methods():
 
 
 def gen_ranks_of(layout: ParallelLayout, rollout_tp: int) -> list[RankInfo]:
-    infos = []
+    infos, plan = [], GenerationPlan.for_layout(layout, rollout_tp)
     for info in ranks_of(layout):
-        gen_dp, gen_tp = layout.generation_coordinates(info.rank, rollout_tp)
         infos.append(
             RankInfo(
                 info.rank,
                 info.dp_rank,
                 info.dp_size,
                 info.collect,
-                gen_dp,
-                layout.world_size // rollout_tp,
-                gen_tp == 0,
+                plan.gen_dp_rank(info.rank),
+                plan.gen_dp_size,
+                plan.gen_tp_rank(info.rank) == 0,
             )
         )
     return infos
 
 
 def test_generation_replicas_follow_the_hybrid_engine_grouping():
-    layout = ParallelLayout(world_size=4, tp=4)  # DESIGN §5: t=4, t_g=2 -> gen-TP groups [0,2] and [1,3]
-    coords = [layout.generation_coordinates(r, 2) for r in range(4)]
+    plan = GenerationPlan.build(tp=4, pp=1, dp=1, gen_tp=2)  # DESIGN §5: gen-TP groups [0,2] and [1,3]
+    coords = [(plan.gen_dp_rank(r), plan.gen_tp_rank(r)) for r in range(4)]
     assert coords == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    pp_layout = ParallelLayout(world_size=8, tp=2, pp=2)  # every PP stage becomes generation replicas
-    assert [pp_layout.generation_coordinates(r, 1)[0] for r in range(8)] == [0, 1, 4, 5, 2, 3, 6, 7]
+    pp_plan = GenerationPlan.build(tp=2, pp=2, dp=2, gen_tp=1)  # every PP stage becomes generation replicas
+    assert [pp_plan.gen_dp_rank(r) for r in range(8)] == [0, 1, 4, 5, 2, 3, 6, 7]
 
 
 def test_gen_dp_compute_uses_micro_dp_replicas_as_extra_data_parallel_ranks():
@@ -126,5 +126,5 @@ def test_gen_dp_compute_needs_a_rollout_layout():
 
 
 def test_rollout_tp_must_divide_training_tp():
-    with pytest.raises(LayoutError, match="rollout tp=3 must divide the training tp=4"):
-        ParallelLayout(world_size=4, tp=4).generation_coordinates(0, 3)
+    with pytest.raises(LayoutError, match="rollout.tp=3 does not divide actor.parallel.tp=4"):
+        GenerationPlan.for_layout(ParallelLayout(world_size=4, tp=4), 3)

@@ -21,10 +21,19 @@ def test_tp_ranks_are_consecutive_and_pp_is_outermost():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"world_size": 6, "tp": 4}, "does not divide world_size=6"),
-        ({"world_size": 4, "tp": 0}, "tp=0 must be >= 1"),
-        ({"world_size": 4, "vpp": 2}, "vpp=2 needs pp > 1"),
-        ({"world_size": 4, "sequence_parallel": True}, "sequence_parallel=True needs tp > 1"),
+        (
+            {"world_size": 6, "tp": 4},
+            "tp·pp·cp = 4·1·1 = 4 does not divide world_size=6; make tp·pp·cp one of 1, 2, 3, 6",
+        ),
+        ({"world_size": 4, "tp": 0}, "tp=0 must be ≥ 1; use 1 to turn it off"),
+        ({"world_size": 4, "vpp": 2}, "vpp=2 needs pp > 1; set vpp=null or raise pp"),
+        (
+            {"world_size": 4, "sequence_parallel": True},
+            "sequence_parallel=true needs tp > 1; set sequence_parallel=false",
+        ),
+        ({"world_size": 4, "tp": 2, "ep": 2}, "ep=2 with tp=2 needs sequence_parallel=true"),
+        ({"world_size": 6, "ep": 4}, "tp·pp·ep = 1·1·4 = 4 does not divide world_size=6"),
+        ({"world_size": 0}, "world_size=0 must be ≥ 1"),
     ],
 )
 def test_impossible_layouts_say_how_to_fix(kwargs, message):

@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from megarl.models.convert.sharding import KINDS, shard, unshard
+from megarl.distributed.param_kind import ParamKind
+from megarl.models.convert.sharding import shard, unshard
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if k != "vocab"])
+@pytest.mark.parametrize("kind", [k for k in ParamKind if k is not ParamKind.VOCAB])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_unshard_inverts_shard(kind, tp):
     full = torch.randn(16, 8)

@@ -33,16 +33,23 @@ parameters are out of scope.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from megarl.distributed.layout import Coordinates, LayoutError, ParallelLayout
+from megarl.distributed.layout import (
+    Coordinates,
+    LayoutError,
+    LayoutKeys,
+    ParallelLayout,
+    ParallelSizes,
+    divisors,
+)
+from megarl.distributed.param_kind import ParamKind
 
-# Parameter layouts across TP ranks, as named in megarl/models/convert/sharding.py (not imported: that
-# module needs torch, this one is pure).
-REPLICATED = "replicated"
-TP_SHARDED_KINDS = ("column", "row", "qkv", "gate_up", "vocab")
+# The actor is the role that generates: the plan's problem lines name its config keys unless told otherwise.
+ACTOR_KEYS = LayoutKeys("actor.parallel")
 
 
 @dataclass(frozen=True)
@@ -56,23 +63,49 @@ class GenerationPlan:
 
     layout: ParallelLayout
     gen_tp: int
+    num_kv_heads: int | None = None  # the model's key/value heads, when known: they must split over gen_tp
 
     def __post_init__(self) -> None:
-        t = self.layout.tp
-        if self.gen_tp < 1 or t % self.gen_tp:
-            fits = ", ".join(str(g) for g in range(1, t + 1) if t % g == 0)
-            raise LayoutError(
-                f"rollout tp={self.gen_tp} must divide the training tp={t}; use one of {fits} "
-                "(the 3D-HybridEngine builds generation TP shards from training TP shards)"
+        problems = GenerationPlan.check(self.layout, self.gen_tp, self.num_kv_heads)
+        if problems:
+            raise LayoutError(problems)
+
+    @staticmethod
+    def check(
+        parallel: ParallelSizes,
+        gen_tp: int,
+        num_kv_heads: int | None = None,
+        keys: LayoutKeys = ACTOR_KEYS,
+        gen_key: str = "rollout.tp",
+    ) -> list[str]:
+        """Every rule a generation layout at TP `gen_tp` of training layout `parallel` must obey, as problem
+        lines naming `gen_key` and the training sizes by `keys`."""
+        problems = []
+        if gen_tp < 1:
+            problems.append(f"{gen_key}={gen_tp} must be ≥ 1; e.g. 1")
+        elif parallel.tp >= 1:  # a training tp < 1 is ParallelLayout.check's to report
+            limits = [(keys.key("tp"), parallel.tp)]
+            if num_kv_heads is not None:
+                limits.append(("num_key_value_heads", num_kv_heads))
+            failed = [f"{name}={n}" for name, n in limits if n % gen_tp]
+            if failed:
+                fits = ", ".join(map(str, divisors(math.gcd(*(n for _, n in limits)))))
+                problems.append(
+                    f"{gen_key}={gen_tp} does not divide {' and '.join(failed)} (each generation TP rank holds "
+                    f"whole training TP shards and whole key/value heads); use one of {fits}"
+                )
+        if parallel.cp > 1:
+            problems.append(
+                f"{keys.setting('cp', parallel.cp)}: the 3D-HybridEngine does not support context "
+                f"parallelism; set {keys.key('cp')}=1"
             )
-        if self.layout.cp > 1:
-            raise LayoutError("generation layouts with context parallelism are not supported")
+        return problems
 
     @classmethod
     def build(cls, tp: int, pp: int, dp: int, gen_tp: int, num_kv_heads: int | None = None) -> GenerationPlan:
         """The plan for a training layout tp × pp × dp (world = tp·pp·dp) at generation TP `gen_tp`."""
         if dp < 1:
-            raise LayoutError(f"dp={dp} must be >= 1")
+            raise LayoutError([f"dp={dp} must be ≥ 1"])
         return cls.for_layout(ParallelLayout(world_size=tp * pp * dp, tp=tp, pp=pp), gen_tp, num_kv_heads)
 
     @classmethod
@@ -80,16 +113,7 @@ class GenerationPlan:
         cls, layout: ParallelLayout, gen_tp: int, num_kv_heads: int | None = None
     ) -> GenerationPlan:
         """The plan for an existing training layout; `num_kv_heads` (if given) must split over `gen_tp`."""
-        plan = cls(layout, gen_tp)
-        if num_kv_heads is not None and num_kv_heads % gen_tp:
-            fits = ", ".join(
-                str(g) for g in range(1, layout.tp + 1) if layout.tp % g == 0 and num_kv_heads % g == 0
-            )
-            raise LayoutError(
-                f"rollout tp={gen_tp} must divide num_key_value_heads={num_kv_heads} (each generation TP "
-                f"rank holds whole key/value heads); use one of {fits}"
-            )
-        return plan
+        return cls(layout, gen_tp, num_kv_heads)
 
     @property
     def stride(self) -> int:
@@ -136,7 +160,7 @@ class GenerationPlan:
 
     def shard_sources(self, rank: int, owner_stage: int) -> list[int]:
         """For a TP-sharded parameter held by PP stage `owner_stage`: the ranks whose training shards,
-        concatenated in this order (per kind, see sharding.py), are `rank`'s generation shard of it."""
+        concatenated in this order (per ParamKind, see sharding.py), are `rank`'s generation shard of it."""
         self._check_stage(owner_stage)
         return self._run(self.gen_tp_rank(rank), self.layout.coordinates(rank).dp, owner_stage)
 
@@ -172,7 +196,9 @@ class GenerationPlan:
         ]
         return sorted(runs)
 
-    def received_bytes(self, rank: int, param_bytes: int, kind: str, owner_stage: int | Iterable[int]) -> int:
+    def received_bytes(
+        self, rank: int, param_bytes: int, kind: ParamKind | str, owner_stage: int | Iterable[int]
+    ) -> int:
         """Bytes `rank` must receive to hold its generation shard of one parameter: what it needs less what
         it holds. `param_bytes` is the full (TP=1) tensor's size as megatron holds it (vocab padding rows
         included); `owner_stage` is the PP stage holding it, or several for a copy kept on more than one
@@ -181,10 +207,9 @@ class GenerationPlan:
         for stage in owners:
             self._check_stage(stage)
         held = self.layout.coordinates(rank).pp in owners
-        if kind == REPLICATED:
+        kind = ParamKind.of(kind)
+        if not kind.tp_sharded:
             return 0 if held else param_bytes
-        if kind not in TP_SHARDED_KINDS:
-            raise ValueError(f"unknown parameter kind {kind!r}; known: {(REPLICATED, *TP_SHARDED_KINDS)}")
         if param_bytes % self.layout.tp:
             raise ValueError(
                 f"a {kind} parameter of {param_bytes} bytes does not split into tp={self.layout.tp} equal shards"
