@@ -222,7 +222,7 @@ class PromptDataset:
             return ""
         longest = max(n for _, n in rows)
         return (
-            f"{len(rows)} prompts longer than data.max_prompt_length={self.max_prompt_length} tokens "
+            f"{_count(len(rows), 'prompt')} longer than data.max_prompt_length={self.max_prompt_length} tokens "
             f"(longest {longest}: {_first([w for w, _ in rows])})"
         )
 
@@ -231,7 +231,9 @@ class PromptDataset:
         names = ", ".join(r.files)
         if not r.rows_read:
             return f"{self.config_key}: no rows in {names}; the files are empty"
-        found = [f"{len(rows)} rows: {problem} ({_first(rows)})" for problem, rows in r.malformed.items()]
+        found = [
+            f"{_count(len(rows), 'row')}: {problem} ({_first(rows)})" for problem, rows in r.malformed.items()
+        ]
         fixes = []
         if r.malformed:
             fixes.append(
@@ -268,6 +270,10 @@ def _row(raw: RawRow, prompt: Any, text: str, ids: list[int]) -> PromptRow:
 
 def _plain(prompt: Any) -> str | Messages:
     return prompt if isinstance(prompt, str) else list(prompt)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("s" if n != 1 else "")
 
 
 def _first(rows: Sequence[str]) -> str:
