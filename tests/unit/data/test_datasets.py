@@ -175,3 +175,10 @@ def test_from_config_reads_the_prompt_key_and_flags(tmp_path, tokenizer):
 def test_validation_batches_cover_every_row_in_order(gsm8k_file, tokenizer):
     ds = PromptDataset([gsm8k_file], tokenizer, 64)
     assert [b["index"].tolist() for b in ds.batches(2)] == [[0, 1], [2]]
+
+
+def test_a_json_list_file_is_read_row_by_row(tmp_path, tokenizer):
+    path = tmp_path / "p.json"
+    path.write_text('[{"data_source": "x", "prompt": "1 + 1 ="}, {"data_source": "x"}]')
+    ds = PromptDataset([str(path)], tokenizer, 64)
+    assert len(ds) == 1 and ds.report.malformed == {"no 'prompt' field": ["p.json row 1"]}

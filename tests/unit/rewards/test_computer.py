@@ -16,6 +16,7 @@ from megarl.rewards import (
     known_data_sources,
     load_reward_function,
     overlong_penalty,
+    varied_groups,
 )
 
 pytestmark = pytest.mark.unit
@@ -208,3 +209,12 @@ def test_loading_a_reward_file_reports_what_is_wrong(tmp_path):
         str(info.value)
         == f"{other} defines no function 'compute_score'; set reward.function.name to one of: my_score"
     )
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ():
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5])
+    keep = varied_groups(scores, torch.tensor([0, 0, 1, 1, 2, 2, 3]))
+    assert keep.tolist() == [False, False, True, True, False, False, True]
+    assert varied_groups(scores[:4], ["b", "a", "b", "a"]).tolist() == [True, False, True, False]
+    with pytest.raises(ValueError, match="3 group ids for 7 scores"):
+        varied_groups(scores, [0, 0, 1])
