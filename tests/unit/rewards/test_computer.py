@@ -218,3 +218,23 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ():
     assert varied_groups(scores[:4], ["b", "a", "b", "a"]).tolist() == [True, False, True, False]
     with pytest.raises(ValueError, match="3 group ids for 7 scores"):
         varied_groups(scores, [0, 0, 1])
+
+
+def test_scores_the_rollout_of_a_dataset_batch_end_to_end(tmp_path, tokenizer):
+    """make_task -> PromptDataset batch -> the rollout schema (rollout_batch) -> RewardComputer."""
+    from megarl.data.datasets import PromptDataset
+    from megarl.data.tasks import make_task
+    from megarl.rollout.base import Sample, rollout_batch
+
+    files = make_task("digits_sort", tmp_path, n_train=8, n_val=4, n_sft=4)
+    prompts = PromptDataset([str(files.val)], tokenizer, 24).batch([0, 1])
+    truths = list(prompts["ground_truth"])
+
+    def sample(text):
+        ids = tokenizer(text + tokenizer.eos_token)["input_ids"]
+        return Sample(ids, [-0.1] * len(ids), "stop")
+
+    samples = [[sample(truths[0]), sample("0")], [sample("9"), sample(truths[1])]]
+    batch = rollout_batch(prompts, samples, max_tokens=8, pad_token_id=tokenizer.pad_token_id)
+    scores, metrics = RewardComputer(RewardModelConfig(), tokenizer).score(batch)
+    assert scores.tolist() == [1.0, 0.0, 0.0, 1.0] and metrics["reward/function/mean"] == 0.5
