@@ -8,6 +8,10 @@
 
 Lists hold 3 to 5 digits, addends are 0–99. With the tiny tokenizer (digits split one per token) a
 prompt is ≤ 20 tokens after the chat template and an answer ≤ 5 tokens plus EOS.
+
+How hard they are for the tiny Llama (4 layers, hidden 128) after 300 SFT steps of 32 pairs (AdamW, lr
+3e-3; measured once, greedy, 128 held-out prompts): digits_reverse 100%, digits_sort ≈ 59% (misplaced
+repeats, wrong length), digits_add ≈ 1%. digits_sort is the one that leaves RL room to show a gain.
 """
 
 from __future__ import annotations
