@@ -123,6 +123,10 @@ def _leaves(tree: dict[Any, Any], cls: type, prefix: str, problems: list[str]) -
             continue
         if typing.get_origin(tp) is list and isinstance(value, str) and not value.startswith("${"):
             value = [value]
+        if typing.get_origin(tp) is dict and isinstance(value, dict):
+            # One leaf per entry, so `reward.weights.rm=0.5` changes one weight and keeps the others.
+            leaves += [(f"{key}.{k}", v) for k, v in value.items()]
+            continue
         leaves.append((key, value))
     return leaves
 
@@ -162,6 +166,8 @@ def _field_of(key: str) -> tuple[Any, Any]:
     *sections, leaf = key.split(".")
     for name in sections:
         cls = typing.get_type_hints(cls)[name]
+        if typing.get_origin(cls) is dict:  # an entry of a mapping field: its value type, no default
+            return typing.get_args(cls)[1], None
     f = next(f for f in dataclasses.fields(cls) if f.name == leaf)
     factory = f.default_factory
     default = factory() if factory is not dataclasses.MISSING else f.default
@@ -174,6 +180,8 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(str(a) for a in args)
     if origin is list:
         return f"a list (each item {_type_name(args[0])})"
+    if origin is dict:
+        return f"a mapping (each value {_type_name(args[1])})"
     if type(None) in args:
         rest = [a for a in args if a is not type(None)]
         return f"{_type_name(rest[0])} or null"
@@ -186,6 +194,8 @@ def _example(tp: Any) -> Any:
         return args[0]
     if origin is list:
         return [_example(args[0])]
+    if origin is dict:
+        return {"name": _example(args[1])}
     if type(None) in args:
         return _example(next(a for a in args if a is not type(None)))
     return _EXAMPLES.get(tp, "...")
@@ -198,6 +208,8 @@ def _show(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
     return str(value)
 
 

@@ -118,7 +118,43 @@ class RefConfig:
 
 
 @dataclass
+class RewardFunctionConfig:
+    """A reward function in a Python file, called for every row instead of the built-in rule rewards
+    (verl's `custom_reward_function.path/name`). Its signature is verl's:
+    `compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict`, called with
+    keyword arguments; a dict's "score" is the reward and its other numeric keys become metrics
+    (`reward/<key>/mean`). To keep the rule rewards for some rows, call
+    `megarl.rewards.default_compute_score` from it."""
+
+    path: str | None = None  # the .py file; None = the rule reward registered for each row's data_source
+    name: str = "compute_score"  # the function's name in that file
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (verl's `reward_model.overlong_buffer`): a response of L tokens
+    whose length falls within the last `len` tokens before the response limit gets
+    -penalty_factor · (L - (max_tokens - len)) / len added to its reward; up to -penalty_factor at the
+    limit, 0 before the buffer. The limit is rollout.max_tokens, else data.max_response_length."""
+
+    enable: bool = False  # add the penalty
+    len: int = 0  # buffer length in tokens, in [1, response limit] when enabled
+    penalty_factor: float = 1.0  # penalty at the limit; ≥ 0
+
+
+@dataclass
 class RewardModelConfig(RoleConfig):
+    """The reward: the model-free score of each response (a rule reward chosen by the row's data_source,
+    or `function`), the reward model's score when one is enabled, and extra terms, summed with `weights`."""
+
+    function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    # weight of each reward term in the summed reward: "function" (the rule reward or reward.function),
+    # "rm" (the reward model's rm_scores), or the name of any [n] tensor column an added pipeline stage
+    # writes (e.g. "curriculum"). A term not listed weighs 1.0 ("rm" only when the reward model is on);
+    # weight 0 switches a term off (weights={function: 0} scores with the reward model alone). Not in verl,
+    # where a reward model's score replaces the rule reward instead of adding to it
+    weights: dict[str, float] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     enable: bool | None = None  # None = auto: on when model_path is set; off = rule rewards on the driver
     model_path: str | None = None  # HF checkpoint of the reward model (Megatron RM or sequence classifier)
     # "megatron": a *ForSequenceClassification RM of a supported decoder family (Llama/Mistral/Qwen2/Qwen3)
@@ -138,7 +174,14 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet/jsonl files of training prompts
     val_files: list[str] = field(default_factory=list)  # parquet/jsonl files for evaluation; [] = none
     prompt_key: str = "prompt"  # column holding the prompt (chat messages or a string)
+    # render prompts with the tokenizer's chat template (generation prompt appended). Chat-list prompts
+    # always need it; a string prompt is wrapped as one user message first (as verl's SFT data is), or,
+    # with false or a tokenizer without a template, tokenised as-is
+    apply_chat_template: bool = True
     max_prompt_length: int = 512  # tokens per prompt at most
+    # drop (and count, in one warning) prompts longer than max_prompt_length; false = stop with an error
+    # naming them. verl's default instead errors (data.truncation=error) or truncates
+    filter_overlong_prompts: bool = True
     max_response_length: int = 512  # tokens generated per sample at most
     train_batch_size: int = 64  # prompts per training step (each sampled rollout.n times)
     shuffle: bool = True  # shuffle training prompts every epoch

@@ -65,6 +65,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     trained = {r: layout for r, layout in layouts.items() if layout and r in ("actor", "critic")}
     _check_batches(cfg, trained, problems)
     _check_logging(cfg, problems)
+    _check_reward_terms(cfg, check_paths, problems)
     if problems:
         raise ConfigError(problems)
 
@@ -342,3 +343,39 @@ def _check_logging(cfg: MegarlConfig, problems: list[str]) -> None:
     if not lg.project:
         problems.append("logging.project is empty; set it, e.g. logging.project=megarl")
     at_least(problems, "logging.log_every", lg.log_every, 1, "e.g. 1")
+
+
+def _check_reward_terms(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:
+    """reward.function, reward.weights and reward.overlong_buffer (megarl.rewards reads them)."""
+    import math
+
+    r = cfg.reward
+    fn = r.function
+    if fn.path is not None:
+        if not fn.path.endswith(".py"):
+            problems.append(f"reward.function.path={fn.path} is not a .py file; point it at the reward file")
+        elif check_paths and not os.path.isfile(fn.path):
+            problems.append(f"reward.function.path={fn.path} does not exist; fix the path or remove it")
+        if not fn.name:
+            problems.append(
+                "reward.function.name is empty; set it to the function's name, e.g. compute_score"
+            )
+    for name, weight in r.weights.items():
+        if not math.isfinite(weight) or weight < 0:
+            problems.append(
+                f"reward.weights.{name}={weight} must be a number ≥ 0; use 0 to switch the term off"
+            )
+    if r.weights.get("rm", 0) > 0 and not r.enable:
+        problems.append(
+            f"reward.weights.rm={r.weights['rm']} but the reward model is off; set reward.model_path=... "
+            "or remove reward.weights.rm"
+        )
+    ob = r.overlong_buffer
+    if ob.enable:
+        limit = cfg.rollout.max_tokens or cfg.data.max_response_length
+        if not 1 <= ob.len <= limit:
+            problems.append(
+                f"reward.overlong_buffer.len={ob.len} must be in [1, {limit}] (the response limit) when "
+                f"reward.overlong_buffer.enable=true; e.g. reward.overlong_buffer.len={max(1, limit // 4)}"
+            )
+        at_least(problems, "reward.overlong_buffer.penalty_factor", ob.penalty_factor, 0, "e.g. 1.0")

@@ -1,0 +1,77 @@
+"""A row's prompt: checking its shape, and turning it into the token ids the policy sees.
+
+A prompt is a chat list of `{role, content}` messages (verl's schema) or a plain string:
+
+| prompt      | data.apply_chat_template=true, tokenizer has a template | otherwise                       |
+|-------------|----------------------------------------------------------|---------------------------------|
+| chat list   | rendered by the template, generation prompt appended     | error (needs a template)        |
+| string      | wrapped as one user message, then rendered (as verl SFT) | tokenised as-is (tokenizer's    |
+|             |                                                          | own special tokens, e.g. BOS)   |
+
+Rendered text is tokenised without adding special tokens: the template already wrote them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+Messages = list[dict[str, Any]]
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    """Why `prompt` is not a usable prompt (one short phrase), or None when it is."""
+    if isinstance(prompt, str):
+        return "empty prompt string" if not prompt.strip() else None
+    if not isinstance(prompt, list | tuple) and not hasattr(prompt, "tolist"):
+        return f"prompt is {type(prompt).__name__}, expected a chat list of {{role, content}} or a string"
+    messages = list(prompt)
+    if not messages:
+        return "empty chat list"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"message {i} is {type(message).__name__}, expected a {{role, content}} dict"
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                return f"message {i} has no string {key!r}"
+    if not any(m["content"].strip() for m in messages):
+        return "every message of the chat list is empty"
+    return None
+
+
+def as_messages(prompt: str | Messages) -> Messages:
+    """The prompt as chat messages: a string becomes one user turn; None-valued keys are dropped (parquet
+    gives every message every key that any message in the column has)."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{k: v for k, v in message.items() if v is not None} for message in prompt]
+
+
+def uses_template(
+    prompt: str | Messages, tokenizer: PreTrainedTokenizerBase, apply_chat_template: bool
+) -> bool:
+    """Whether the prompt is rendered by the chat template (see the module table)."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    return not isinstance(prompt, str) or (apply_chat_template and has_template)
+
+
+def prompt_text(
+    prompt: str | Messages, tokenizer: PreTrainedTokenizerBase, apply_chat_template: bool
+) -> tuple[str, bool]:
+    """(text to tokenise, whether the tokenizer should add its special tokens) of a checked prompt.
+    Raises ValueError for a chat list that cannot be rendered (no template, or apply_chat_template=false)."""
+    if not uses_template(prompt, tokenizer, apply_chat_template):
+        return str(prompt), True
+    if not apply_chat_template or not getattr(tokenizer, "chat_template", None):
+        why = (
+            "data.apply_chat_template=false"
+            if not apply_chat_template
+            else "the tokenizer has no chat template"
+        )
+        raise ValueError(
+            f"the prompt is a chat list but {why}; use a tokenizer with a chat template and "
+            "data.apply_chat_template=true, or give plain-string prompts"
+        )
+    text = tokenizer.apply_chat_template(as_messages(prompt), add_generation_prompt=True, tokenize=False)
+    return text, False

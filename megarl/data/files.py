@@ -1,0 +1,75 @@
+"""Reading prompt files: parquet and JSON lines (or a JSON list), one plain dict per row, no pandas.
+
+Rows come back as `RawRow(where, value)`: `where` names the file and row for messages ("train.parquet
+row 7", "train.jsonl line 8"), `value` is the row's dict or, for a line that is not a JSON object, the
+reason it could not be read. Nothing is dropped here; `megarl.data.datasets` decides what is usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used; the message names the files, the rows and the fix."""
+
+
+@dataclass(frozen=True)
+class RawRow:
+    where: str  # "file row N" (parquet, JSON list: 0-based) or "file line N" (JSON lines: 1-based)
+    value: dict[str, Any] | str  # the row, or why it is unreadable
+
+
+def read_rows(path: str, config_key: str) -> list[RawRow]:
+    """Every row of one parquet / jsonl / json file. A missing or unreadable file raises `DataError`
+    naming `config_key` (e.g. "data.train_files")."""
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise DataError(
+            f"{config_key}: {path} does not exist; fix the path ({config_key}=[path/to/train.parquet]) or "
+            "create the dataset first (e.g. `megarl data make digits_sort --out DIR`)"
+        )
+    if not path.endswith(SUFFIXES):
+        raise DataError(f"{config_key}: {path} has an unsupported format; use a {', '.join(SUFFIXES)} file")
+    try:
+        if path.endswith(".parquet"):
+            return _parquet_rows(path, name)
+        return _json_rows(path, name)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
+        reason = " ".join(str(e).split())
+        raise DataError(f"{config_key}: {path} could not be read ({type(e).__name__}: {reason})") from None
+
+
+def _parquet_rows(path: str, name: str) -> list[RawRow]:
+    import pyarrow.parquet as pq
+
+    return [RawRow(f"{name} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+
+
+def _json_rows(path: str, name: str) -> list[RawRow]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        return [_object(f"{name} row {i}", row) for i, row in enumerate(json.loads(text))]
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(_object(f"{name} line {number}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            rows.append(RawRow(f"{name} line {number}", f"not valid JSON ({e.msg})"))
+    return rows
+
+
+def _object(where: str, value: Any) -> RawRow:
+    if isinstance(value, dict):
+        return RawRow(where, value)
+    return RawRow(where, f"not a JSON object (got {type(value).__name__})")

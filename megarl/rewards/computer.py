@@ -1,0 +1,269 @@
+"""`RewardComputer`: the one entry the trainer calls to turn a rollout Batch into one reward per response.
+
+    rewards = RewardComputer.from_config(cfg, tokenizer)
+    rewards.check_data_sources(train_dataset.data_sources)   # at start-up: unknown data_source -> error
+    scores, metrics = rewards.score(batch)                    # scores [n] float32, metrics {name: float}
+
+The reward of a response is the weighted sum (`reward.weights`, default 1.0 each) of its terms:
+
+  function   the rule reward registered for the row's `data_source` (`megarl.rewards.registry`), or the
+             user's `reward.function` for every row; called as verl calls it, with keyword arguments
+             data_source, solution_str (the decoded response), ground_truth, extra_info
+  rm         the reward model's `rm_scores` column, when the batch has one (a reward worker wrote it)
+  <column>   any other name in reward.weights: the batch's [n] tensor column of that name
+
+plus DAPO's overlong penalty when `reward.overlong_buffer.enable`. A reward function that raises (or
+returns no number) on a row gives that row 0 for the term and counts in `reward/errors`; the first
+traceback is logged once per RewardComputer.
+
+The batch needs `responses` [n, R] and `response_mask` (else `attention_mask`, whose last R columns
+cover the response), or a non-tensor `response_text` column; and the non-tensor `data_source`,
+`ground_truth` (else verl's `reward_model` dicts) and optionally `extra_info` columns that
+`megarl.data.PromptDataset` batches carry through the rollout.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from megarl.config.schema import MegarlConfig, RewardModelConfig
+from megarl.protocol import Batch
+from megarl.rewards.custom import RewardError, load_reward_function
+from megarl.rewards.overlong import overlong_penalty
+from megarl.rewards.registry import RewardFn, known_data_sources, reward_for
+
+log = logging.getLogger("megarl.rewards")
+
+FUNCTION, RM = "function", "rm"
+
+
+class RewardComputer:
+    """Scores rollout Batches; see the module doc."""
+
+    def __init__(
+        self,
+        reward: RewardModelConfig,
+        tokenizer: PreTrainedTokenizerBase | None,
+        max_response_length: int | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.weights = dict(reward.weights)
+        self.function: RewardFn | None = None
+        self.function_desc = "the rule reward"
+        if reward.function.path:
+            self.function = load_reward_function(reward.function.path, reward.function.name)
+            self.function_desc = f"reward function {reward.function.name} from {reward.function.path}"
+        self.overlong = reward.overlong_buffer
+        if self.overlong.enable and max_response_length is None:
+            raise ValueError("reward.overlong_buffer.enable=true needs the max_response_length")
+        self.max_response_length = max_response_length
+        self.first_error: str | None = None  # the first row failure's traceback, logged once
+
+    @classmethod
+    def from_config(cls, cfg: MegarlConfig, tokenizer: PreTrainedTokenizerBase | None) -> RewardComputer:
+        limit = cfg.rollout.max_tokens or cfg.data.max_response_length
+        return cls(cfg.reward, tokenizer, limit)
+
+    def weight(self, term: str) -> float:
+        return float(self.weights.get(term, 1.0))
+
+    def check_data_sources(self, data_sources: Iterable[str], where: str = "the batch") -> None:
+        """Raise `RewardError` when a data_source has no reward and no reward.function is set; call it on
+        the datasets' `data_sources` before training starts."""
+        if self.function is not None or self.weight(FUNCTION) == 0:
+            return
+        for source in data_sources:
+            if reward_for(source) is None:
+                raise RewardError(_unknown_source(source, where))
+
+    def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """(reward [n] float32, metrics): the weighted sum of the terms, plus the overlong penalty."""
+        n = len(batch)
+        total = torch.zeros(n, dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        if self.weight(FUNCTION) != 0:
+            term, extra = self._function_term(batch)
+            total += self.weight(FUNCTION) * term
+            metrics[f"reward/{FUNCTION}/mean"] = _mean(term)
+            metrics.update(extra)
+        for name, weight in self._column_terms(batch):
+            term = batch["rm_scores" if name == RM else name].float().reshape(n)
+            total += weight * term
+            metrics[f"reward/{name}/mean"] = _mean(term)
+        if self.overlong.enable:
+            assert self.max_response_length is not None
+            penalty = overlong_penalty(
+                _response_lengths(batch),
+                self.max_response_length,
+                self.overlong.len,
+                self.overlong.penalty_factor,
+            )
+            total += penalty
+            metrics["reward/overlong_penalty/mean"] = _mean(penalty)
+            metrics["reward/overlong/frac"] = _mean((penalty < 0).float())
+        metrics["reward/mean"] = _mean(total)
+        metrics["reward/std"] = float(total.std(unbiased=False)) if n else 0.0
+        return total, metrics
+
+    def response_texts(self, batch: Batch) -> list[str]:
+        """Each row's response as text: the `response_text` column, else the decoded response tokens
+        (special tokens such as EOS dropped, as verl decodes them)."""
+        if "response_text" in batch.non_tensors:
+            return [str(t) for t in batch["response_text"]]
+        if self.tokenizer is None:
+            raise ValueError("decoding responses needs a tokenizer; pass one to RewardComputer")
+        responses = batch["responses"]
+        mask = _response_mask(batch).bool()
+        ids = [row[m].tolist() for row, m in zip(responses, mask)]
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def _column_terms(self, batch: Batch) -> list[tuple[str, float]]:
+        terms = []
+        if self.weight(RM) != 0 and "rm_scores" in batch.tensors.keys():
+            terms.append((RM, self.weight(RM)))
+        elif RM in self.weights and self.weight(RM) != 0:
+            raise RewardError(
+                f"reward.weights.rm={self.weight(RM)} but the batch has no rm_scores column; enable the reward "
+                "model (reward.model_path=...) or remove reward.weights.rm"
+            )
+        for name, weight in self.weights.items():
+            if name in (FUNCTION, RM) or weight == 0:
+                continue
+            if name not in batch.tensors.keys():
+                raise RewardError(
+                    f"reward.weights.{name}={weight} names a reward term, but the batch has no {name!r} column; "
+                    f"terms are function, rm or a tensor column an added stage writes (columns: {batch.keys()})"
+                )
+            terms.append((name, float(weight)))
+        return terms
+
+    def _function_term(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        n = len(batch)
+        sources = _column(batch, "data_source", n, "")
+        truths = _ground_truths(batch, n)
+        infos = _column(batch, "extra_info", n, None)
+        if self.function is None:
+            for row, source in enumerate(sources):
+                if reward_for(str(source)) is None:
+                    raise RewardError(_unknown_source(str(source), _row_name(batch, row)))
+        texts = self.response_texts(batch)
+        scores = torch.zeros(n, dtype=torch.float32)
+        extras: dict[str, list[float]] = defaultdict(list)
+        by_source: dict[str, list[float]] = defaultdict(list)
+        errors = 0
+        for row in range(n):
+            fn = self.function or reward_for(str(sources[row]))
+            assert fn is not None
+            try:
+                result = fn(
+                    data_source=sources[row],
+                    solution_str=texts[row],
+                    ground_truth=truths[row],
+                    extra_info=infos[row],
+                )
+                value, extra = _as_score(result)
+            except Exception:
+                errors += 1
+                self._report_error(batch, row, str(sources[row]))
+                value, extra = 0.0, {}
+            scores[row] = value
+            by_source[str(sources[row])].append(value)
+            for key, v in extra.items():
+                extras[key].append(v)
+        metrics = {f"reward/{key}/mean": float(np.mean(v)) for key, v in extras.items()}
+        if len(by_source) > 1:
+            metrics.update(
+                {f"reward/source/{s}/mean": float(np.mean(v)) for s, v in sorted(by_source.items())}
+            )
+        metrics["reward/errors"] = float(errors)
+        return scores, metrics
+
+    def _report_error(self, batch: Batch, row: int, source: str) -> None:
+        if self.first_error is not None:
+            return
+        self.first_error = traceback.format_exc()
+        log.warning(
+            "%s raised on %s (data_source %r); that row scores 0 and counts in reward/errors (later errors "
+            "are only counted). First traceback:\n%s",
+            self.function_desc,
+            _row_name(batch, row),
+            source,
+            self.first_error.rstrip(),
+        )
+
+
+def _unknown_source(source: str, where: str) -> str:
+    return (
+        f"no reward for data_source {source!r} ({where}) and reward.function.path is not set; set "
+        "reward.function.path=/path/to/reward.py (defining compute_score(data_source, solution_str, "
+        f"ground_truth, extra_info=None)) or use a known data_source: {', '.join(known_data_sources())} "
+        "(or any name containing 'countdown')"
+    )
+
+
+def _row_name(batch: Batch, row: int) -> str:
+    if "index" in batch.tensors.keys():
+        return f"batch row {row}, dataset row {int(batch['index'][row])}"
+    return f"batch row {row}"
+
+
+def _as_score(result: Any) -> tuple[float, dict[str, float]]:
+    """(score, numeric extras) of a reward function's result: a number, or a dict with a "score"."""
+    extra: dict[str, float] = {}
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise TypeError(f"the reward function returned a dict without a 'score' key: {sorted(result)}")
+        extra = {k: float(v) for k, v in result.items() if k != "score" and _is_number(v)}
+        result = result["score"]
+    if not _is_number(result):
+        raise TypeError(f"the reward function returned {type(result).__name__}, expected a number or a dict")
+    value = float(result)
+    if not math.isfinite(value):
+        raise ValueError(f"the reward function returned {value}")
+    return value, extra
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1
+    if isinstance(value, np.ndarray):
+        return value.size == 1
+    return isinstance(value, int | float | np.number)  # bools are ints: True scores 1
+
+
+def _column(batch: Batch, key: str, n: int, default: Any) -> list[Any]:
+    return list(batch[key]) if key in batch.non_tensors else [default] * n
+
+
+def _ground_truths(batch: Batch, n: int) -> list[Any]:
+    if "ground_truth" in batch.non_tensors:
+        return list(batch["ground_truth"])
+    if "reward_model" in batch.non_tensors:
+        return [rm.get("ground_truth") if isinstance(rm, dict) else None for rm in batch["reward_model"]]
+    return [None] * n
+
+
+def _response_mask(batch: Batch) -> torch.Tensor:
+    if "response_mask" in batch.tensors.keys():
+        return batch["response_mask"]
+    width = batch["responses"].shape[1]
+    return batch["attention_mask"][:, -width:]
+
+
+def _response_lengths(batch: Batch) -> torch.Tensor:
+    if "responses" in batch.tensors.keys():
+        return _response_mask(batch).sum(dim=1)
+    raise ValueError("the overlong penalty needs response lengths: a responses/response_mask column")
+
+
+def _mean(t: torch.Tensor) -> float:
+    return float(t.float().mean()) if t.numel() else 0.0

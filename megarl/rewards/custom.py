@@ -1,0 +1,41 @@
+"""Loading a user's reward function from a file (`reward.function.path` + `reward.function.name`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+
+from megarl.rewards.registry import RewardFn
+
+
+class RewardError(ValueError):
+    """A reward that cannot be computed at all (as opposed to one row's failure); says how to fix it."""
+
+
+def load_reward_function(path: str, name: str = "compute_score") -> RewardFn:
+    """The function `name` defined in the Python file at `path` (imported as a module of its own, so
+    the file can import its neighbours as verl reward files do)."""
+    if not os.path.isfile(path):
+        raise RewardError(f"reward.function.path={path} does not exist; point it at a .py file")
+    module_name = "megarl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RewardError(f"reward.function.path={path} is not a Python file; point it at a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[module_name]
+        raise RewardError(
+            f"reward.function.path={path} failed to import: {type(e).__name__}: {e}; fix the file"
+        ) from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise RewardError(
+            f"{path} defines no function {name!r}; set reward.function.name to one of: {', '.join(defined)}"
+        )
+    return fn

@@ -1,0 +1,82 @@
+"""Rule rewards by `data_source`, under verl's names, and verl's `default_compute_score` entry.
+
+Every reward function has verl's signature, `fn(data_source, solution_str, ground_truth, extra_info=None)
+-> float | dict`. `register_reward("my/source")` adds one; `reward_for(data_source)` finds one (exact
+name first, then the name patterns verl and TinyZero match: any name containing "countdown").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from megarl.rewards import countdown, digits, gsm8k, math_boxed
+
+RewardFn = Callable[..., float | dict[str, Any]]
+
+_REWARDS: dict[str, RewardFn] = {}
+
+
+class UnknownDataSource(KeyError):
+    """No rule reward is registered for a data_source."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0])
+
+
+def register_reward(*data_sources: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: score rows of these data_sources with the decorated function (verl's signature)."""
+
+    def add(fn: RewardFn) -> RewardFn:
+        for name in data_sources:
+            _REWARDS[name] = fn
+        return fn
+
+    return add
+
+
+def known_data_sources() -> list[str]:
+    """The registered data_source names, sorted (plus any name containing "countdown")."""
+    return sorted(_REWARDS)
+
+
+def reward_for(data_source: str) -> RewardFn | None:
+    if data_source in _REWARDS:
+        return _REWARDS[data_source]
+    if "countdown" in data_source:
+        return _REWARDS["countdown"]
+    return None
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+) -> float | dict[str, Any]:
+    """The rule reward of one response (verl's entry, for custom functions that fall back to it)."""
+    fn = reward_for(data_source)
+    if fn is None:
+        raise UnknownDataSource(f"no rule reward for data_source {data_source!r}")
+    return fn(
+        data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info
+    )
+
+
+@register_reward("openai/gsm8k")
+def _gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
+    return gsm8k.compute_score(solution_str, ground_truth)
+
+
+@register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+def _math(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
+    return math_boxed.compute_score(solution_str, ground_truth)
+
+
+@register_reward("countdown")
+def _countdown(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float:
+    return countdown.compute_score(solution_str, ground_truth)
+
+
+@register_reward("megarl/digits_sort", "megarl/digits_reverse", "megarl/digits_add")
+def _digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
+    return digits.compute_score(solution_str, ground_truth)
