@@ -184,6 +184,8 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     max_response_length: int = 512  # tokens generated per sample at most
     train_batch_size: int = 64  # prompts per training step (each sampled rollout.n times)
+    val_batch_size: int | None = None  # prompts per validation generate call; None = all of data.val_files
+    response_key: str = "response"  # SFT: column holding the response (rows may instead hold `messages`)
     shuffle: bool = True  # shuffle training prompts every epoch
     seed: int = 1  # seed of the shuffling order
 
@@ -270,7 +272,8 @@ class TrainerConfig:
     total_epochs: int = 1  # passes over the training data
     total_steps: int | None = None  # training steps; None = total_epochs × steps per epoch
     save_every: int = 0  # save a checkpoint every N steps; 0 = only at the end
-    eval_every: int = 0  # evaluate on data.val_files every N steps; 0 = never
+    eval_every: int = 0  # evaluate on data.val_files every N steps (and after the last); 0 = never
+    val_before_train: bool = True  # evaluate on data.val_files before the first step (logged as step 0)
     output_dir: str = "outputs/run"  # checkpoints, logs and reports go here
     resume: str = "auto"  # "auto" (latest checkpoint in output_dir if any) | "disable" | checkpoint dir
     seed: int = 42  # global seed (weights of new heads, sampling, dropout)

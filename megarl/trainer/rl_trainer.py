@@ -39,35 +39,46 @@ class RLTrainer:
         reward: Any = None,
         stream: TextIO | None = None,
     ) -> None:
-        from megarl.data.prompts import PromptData
+        from transformers import AutoTokenizer
+
+        from megarl.data.datasets import PromptDataset
+        from megarl.data.loader import PromptLoader
         from megarl.rewards import RewardComputer
 
         self.cfg = cfg = resolve_auto(cfg)
-        self.data = PromptData.from_config(cfg)
-        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.data.steps_per_epoch
-        self.reward = reward or RewardComputer.from_config(cfg, self.data.tokenizer)
+        # Everything that can be wrong with the data or the rewards fails here, before any worker starts.
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+        self.train_data = PromptDataset.from_config(cfg.data, self.tokenizer, split="train")
+        self.val_data = (
+            PromptDataset.from_config(cfg.data, self.tokenizer, split="val") if cfg.data.val_files else None
+        )
+        self.loader = PromptLoader.from_config(cfg.data, self.train_data)
+        self.reward = reward or RewardComputer.from_config(cfg, self.tokenizer)
+        if reward is None:
+            self.reward.check_data_sources(self.train_data.data_sources, "data.train_files")
+            if self.val_data is not None:
+                self.reward.check_data_sources(self.val_data.data_sources, "data.val_files")
+        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.roles = roles or build_roles(cfg, self.total_steps)
         self.is_writer = self.roles.is_writer
         self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward)
         self.output_dir = Path(cfg.trainer.output_dir)
         backends = cfg.logging.backends if self.is_writer else []
         self.log = ProgressLog(self.output_dir, self.total_steps, backends, stream=stream)
-        for line in self.data.report():
-            self.log.message(line)
 
     def fit(self) -> list[dict[str, float]]:
         """Run `total_steps` steps (validating every trainer.eval_every); returns each step's metrics."""
         history = []
         try:
             self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
-            if self.data.val is not None and self.cfg.trainer.val_before_train:
+            if self.val_data is not None and self.cfg.trainer.val_before_train:
                 metrics = self.validate(step=0)
                 self.log.log(0, metrics)
                 history.append({"step": 0, **metrics})
             for step in range(1, self.total_steps + 1):
                 metrics = self.train_step(step)
                 every = self.cfg.trainer.eval_every
-                if self.data.val is not None and every and (step % every == 0 or step == self.total_steps):
+                if self.val_data is not None and every and (step % every == 0 or step == self.total_steps):
                     metrics.update(self.validate(step))
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
@@ -78,7 +89,9 @@ class RLTrainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
-        prompts = self.data.next_train_batch()
+        prompts = self.loader.next_batch()
+        n = len(prompts)
+        prompts["uid"] = torch.arange((step - 1) * n, step * n)  # the group id of each prompt's samples
         ctx = StepContext(step=step)
         batch = self.flow.run(prompts, ctx)
         seconds = time.perf_counter() - start
@@ -88,7 +101,7 @@ class RLTrainer:
             {
                 "step_seconds": seconds,
                 "throughput/tokens_per_s": tokens / seconds,
-                "data/epoch": self.data.epoch,
+                "data/epoch": self.loader.epoch,
             }
         )
         return metrics
@@ -99,7 +112,7 @@ class RLTrainer:
         start = time.perf_counter()
         generate = generate_stage(self.roles.actor)
         scores, sources = [], []
-        for prompts in self.data.val_batches():
+        for prompts in self.val_data.batches(self.cfg.data.val_batch_size or len(self.val_data)):
             rollout = generate.run(StepContext(step=step, validate=True), prompts)
             batch_scores, _ = self.reward.score(rollout)
             scores.append(batch_scores.float())
