@@ -99,8 +99,6 @@ class MegatronWorker(Worker):
             "grads": o.grads if grads is None else grads,
             "optimizer": o.optimizer if optimizer is None else optimizer,
         }
-        if self.optimizer is None:
-            wanted["grads"] = wanted["optimizer"] = False
         states = {state for state, on in wanted.items() if on}
         return [
             _report_dict(r)
