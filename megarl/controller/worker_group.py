@@ -220,7 +220,7 @@ class _RankActors:
                 pass
 
 
-class GroupFuture:
+class RayFuture:
     """A call already running on every rank; `result()` waits for it and collects the outputs."""
 
     def __init__(self, call: _GroupMethod, refs: list, context: Any) -> None:
@@ -252,14 +252,14 @@ class _GroupMethod:
         self.actors, self.role, self.name, self.mode = actors, role, name, mode
         self.rank_infos, self.timeout_s = rank_infos, timeout_s
 
-    def submit(self, *args: Any, **kwargs: Any) -> GroupFuture:
+    def submit(self, *args: Any, **kwargs: Any) -> RayFuture:
         self.actors.check_alive(self.role)
         calls, context = split(self.mode, args, kwargs, self.rank_infos)
         refs = [
             actor.execute.remote(self.role, self.name, a, k)
             for actor, (a, k) in zip(self.actors.actors, calls)
         ]
-        return GroupFuture(self, refs, context)
+        return RayFuture(self, refs, context)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.submit(*args, **kwargs).result()
