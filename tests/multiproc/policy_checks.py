@@ -165,10 +165,8 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
     for label, (batching, balance) in variants.items():
         cfg = config(policy, reward, 2, 1, **batching)
         cfg.model.gradient_checkpointing = batching.get("recompute", False)
-        if label == "mbs1":  # offloads to disk (check_offload)
-            directory = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
-            dist.broadcast_object_list(directory)
-            cfg.actor.offload_dir = directory[0]
+        if label == "mbs1":  # offloads to disk (check_offload); a directory of its own for each rank
+            cfg.actor.offload_dir = tempfile.mkdtemp()
         actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
         rows, order = batch, list(range(N))
         if balance:
