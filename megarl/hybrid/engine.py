@@ -46,7 +46,7 @@ class HybridEngine:
         from megarl.rollout.vllm import VLLMRollout
 
         r = rollout.rollout
-        self.sampling = {False: r, True: r.val}  # by `validate`
+        self.sampling = r  # training rollouts; r.val for validation
         self.offload, self.reload = offload, reload
         self.plan = GenerationPlan.for_layout(layout, r.tp, arch.num_kv_heads)
         self.resharder = Resharder(
@@ -76,7 +76,7 @@ class HybridEngine:
         timings["offload"] = time.perf_counter() - start
         stats = self.sync_weights()
         start = time.perf_counter()
-        out = self.rollout.generate(prompts, self.sampling[validate])
+        out = self.rollout.generate(prompts, self.sampling.val if validate else self.sampling)
         timings["generate"] = time.perf_counter() - start
         start = time.perf_counter()
         self.rollout.sleep()
