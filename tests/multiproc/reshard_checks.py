@@ -79,7 +79,7 @@ def _padded_vocab(worker: ReferenceWorker) -> int:
     from megarl.config.schema import padded_vocab_size
 
     return padded_vocab_size(
-        worker.arch.vocab_size, worker.cfg.model.make_vocab_size_divisible_by, worker.layout.tp
+        worker.arch.vocab_size, worker.spec.model.make_vocab_size_divisible_by, worker.layout.tp
     )
 
 
