@@ -54,26 +54,23 @@ def time_round_trips(call, repeats: int) -> dict[str, float]:
 
 
 def bench_ray(repeats: int) -> dict[str, float]:
+    from megarl.controller.group import make_worker_group
     from megarl.controller.resource_pool import ResourcePool, start_local_ray
-    from megarl.controller.worker_group import RayWorkerGroup
 
     start_local_ray()
     with ResourcePool([2], use_gpu=False, name="bench-dispatch") as pool:
-        group = RayWorkerGroup(pool, EchoBenchWorker, "bench")
-        try:
+        with make_worker_group("ray", pool, EchoBenchWorker, "bench") as group:
             return time_round_trips(group.identity, repeats)
-        finally:
-            group.shutdown()
 
 
 def bench_spmd_rank(repeats: int) -> None:
     """Rank code under torchrun."""
     import torch.distributed as dist
 
-    from megarl.controller.spmd import SPMDWorkerGroup
+    from megarl.controller.group import make_worker_group
     from megarl.distributed.launch import report
 
-    group = SPMDWorkerGroup(EchoBenchWorker, "bench")
+    group = make_worker_group("spmd", None, EchoBenchWorker, "bench")
     result = time_round_trips(group.identity, repeats)
     if dist.get_rank() == 0:
         report(result)

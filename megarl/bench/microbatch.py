@@ -70,11 +70,12 @@ def bench_rank(args: argparse.Namespace) -> None:
     """Rank code under torchrun."""
     import torch
 
-    from megarl.controller.spmd import SPMDWorkerGroup
+    from megarl.config.roles import role_spec
+    from megarl.controller.group import make_worker_group
     from megarl.distributed.launch import report_from_rank_zero
     from megarl.models.from_hf import ModelArchitecture
     from megarl.protocol import Batch
-    from megarl.workers.policy import PolicyWorker
+    from megarl.workers.actor import ActorWorker
     from megarl.workers.sequences import sequences_from_batch
 
     arch = ModelArchitecture.from_pretrained(args.hf)
@@ -85,7 +86,7 @@ def bench_rank(args: argparse.Namespace) -> None:
     result: dict = {"real_tokens": real_tokens, "token_budget": budget}
     for mode in ("padded", "packed"):
         cfg = _config(args.hf, args.tp, mode, args.micro_batch_size, budget, args.rows)
-        actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": cfg})
+        actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
         old = actor.log_prob(batch)["old_log_probs"]
         train = batch.union(Batch(tensors={"old_log_probs": old, "advantages": torch.ones_like(old)}))
         forward = _median_seconds(actor.log_prob, batch, args.repeats)

@@ -52,15 +52,16 @@ def bench_rank(args: argparse.Namespace) -> None:
     """Rank code under torchrun."""
     import torch.distributed as dist
 
+    from megarl.config.roles import role_spec, rollout_spec
     from megarl.config.schema import MegarlConfig
     from megarl.distributed.generation_plan import GenerationPlan
     from megarl.distributed.launch import report_from_rank_zero
-    from megarl.workers.policy import PolicyWorker
+    from megarl.workers.reference import ReferenceWorker
 
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = args.hf, args.dtype
     cfg.actor.parallel.tp, cfg.actor.parallel.pp = args.tp, args.pp
-    worker = PolicyWorker(cfg, "ref")  # the weights are what matters; no optimizer needed
+    worker = ReferenceWorker(role_spec(cfg, "ref"))  # the weights are what matters; no optimizer needed
     plan = GenerationPlan.for_layout(worker.layout, args.gen_tp, worker.arch.num_kv_heads)
     engine = None
     if args.engine:
@@ -69,7 +70,7 @@ def bench_rank(args: argparse.Namespace) -> None:
         cfg.rollout.tp, cfg.rollout.enforce_eager = args.gen_tp, True
         cfg.rollout.kv_cache_memory_bytes = 16 << 20
         cfg.data.max_prompt_length = cfg.data.max_response_length = 64
-        engine = VLLMRollout(cfg, tp_groups=plan.gen_tp_groups)
+        engine = VLLMRollout(rollout_spec(cfg), tp_groups=plan.gen_tp_groups)
     paths = (
         ["naive"] if args.naive else ["zero_redundancy"] if args.zero_only else ["zero_redundancy", "naive"]
     )

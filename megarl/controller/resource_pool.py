@@ -1,7 +1,7 @@
 """Ray placement groups that reserve a worker group's devices, and the helper that starts or joins Ray.
 
 A `ResourcePool` holds one STRICT_PACK placement group per node and one bundle per device; rank r of
-every worker group built on the pool lands in `pool.bundles()[r]`. Several groups may share a pool
+every worker group built on the pool lands in `pool.placements()[r]`. Several groups may share a pool
 (roles placed side by side on the same devices): each of their actors takes a `1 / max_colocate`
 share of its bundle.
 """
@@ -108,10 +108,6 @@ class ResourcePool:
     def world_size(self) -> int:
         return len(self._placements)
 
-    def bundles(self) -> list[tuple[PlacementGroup, int]]:
-        """(placement group, bundle index) for rank 0, 1, ..."""
-        return [(p.placement_group, p.bundle_index) for p in self._placements]
-
     def placements(self) -> list[Placement]:
         """Everything about where each rank runs, in rank order."""
         return list(self._placements)
@@ -124,7 +120,7 @@ class ResourcePool:
             raise ResourcePoolError(
                 f"pool {self.name!r} already hosts {self._users} worker groups (max_colocate="
                 f"{self.max_colocate}); shut one down, colocate roles in one process with "
-                "RayWorkerGroup.colocated, or build the pool with a larger max_colocate"
+                "make_colocated_groups, or build the pool with a larger max_colocate"
             )
         self._users += 1
 

@@ -1,8 +1,11 @@
-"""The worker-group interface under torchrun/srun, without Ray (SPMD: every rank is also the driver).
+"""SPMDWorkerGroup: the worker-group interface under torchrun/srun, without Ray (SPMD: every rank is
+also the driver). The "spmd" backend of `megarl.controller.group.WorkerGroup`.
 
-`SPMDWorkerGroup(worker_cls, ...)` builds the worker in this process; `group.method(...)` splits the
-call exactly as the Ray group does, runs this rank's share, and all-gathers the outputs so every rank
-returns the same collected result. A failure on any rank raises `WorkerError` on every rank.
+`SPMDWorkerGroup(None, worker_cls, role, init_kwargs)` builds the worker in this process;
+`group.method(...)` splits the call exactly as the Ray group does, runs this rank's share, and
+all-gathers the outputs so every rank returns the same collected result. `group.method_async(...)`
+runs the call the same way and returns a completed future. A failure on any rank raises `WorkerError`
+on every rank. Colocated roles are several workers in this process, shut down together.
 """
 
 from __future__ import annotations
@@ -11,51 +14,126 @@ from typing import Any
 
 import torch.distributed as dist
 
-from megarl.controller.dispatch import collect, dispatch_mode_of, split
+from megarl.controller.dispatch import Dispatch, RankInfo, collect, split
+from megarl.controller.group import WorkerGroup
 from megarl.controller.worker import RemoteError, WorkerError
 
 
-class SPMDWorkerGroup:
-    def __init__(self, worker_cls: type, role: str, init_kwargs: dict | None = None) -> None:
-        self.role = role
-        self.worker = worker_cls(**(init_kwargs or {}))
-        self.ranks = [None] * dist.get_world_size()
-        dist.all_gather_object(self.ranks, self.worker.rank_info())
-        for name in dir(worker_cls):
-            if not name.startswith("_") and dispatch_mode_of(getattr(worker_cls, name)) is not None:
-                setattr(self, name, self._bind(name))
+class CompletedFuture:
+    """The outcome of a call that has already run: `result()` returns it or raises its error."""
 
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
 
-    def _bind(self, name: str):
-        mode = dispatch_mode_of(getattr(type(self.worker), name))
+    def done(self) -> bool:
+        return True
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            calls, context = split(mode, args, kwargs, self.ranks)
-            my_args, my_kwargs = calls[dist.get_rank()]
-            try:
-                outcome = ("ok", self.worker.execute(name, my_args, my_kwargs))
-            except RemoteError as e:
-                outcome = ("error", e)
-            outcomes = [None] * self.world_size
-            dist.all_gather_object(outcomes, outcome)
-            failed = [o[1] for o in outcomes if o[0] == "error"]
-            if failed:
-                first = failed[0]
-                raise WorkerError(
-                    f"{self.role}.{name} failed on {len(failed)} rank(s); first: rank {first.rank} on "
-                    f"{first.host} (pid {first.pid}): {first.error}\n{first.trace}",
-                    self.role,
-                    first.rank,
-                    first.host,
-                    first.pid,
-                )
-            return collect(mode, [o[1] for o in outcomes], self.ranks, context)
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
 
-        call.__name__ = name
-        return call
+
+class _LocalHost:
+    """The workers of the roles that share this process; shut down once, in reverse build order."""
+
+    def __init__(self, roles: dict[str, tuple[type, dict]]) -> None:
+        self.workers: dict[str, Any] = {}
+        for role, (cls, kwargs) in roles.items():
+            self.workers[role] = cls(**kwargs)
+        self.closed = False
 
     def shutdown(self) -> None:
-        self.worker.shutdown()
+        if not self.closed:
+            self.closed = True
+            for worker in reversed(self.workers.values()):
+                worker.shutdown()
+
+
+class _SPMDMethod:
+    def __init__(self, host: _LocalHost, role: str, name: str, mode: Dispatch, rank_infos: list) -> None:
+        self.host, self.role, self.name, self.mode, self.rank_infos = host, role, name, mode, rank_infos
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.host.closed:
+            raise WorkerError(f"{self.role} group is shut down", self.role)
+        calls, context = split(self.mode, args, kwargs, self.rank_infos)
+        my_args, my_kwargs = calls[dist.get_rank()]
+        try:
+            outcome = ("ok", self.host.workers[self.role].execute(self.name, my_args, my_kwargs))
+        except RemoteError as e:
+            outcome = ("error", e)
+        outcomes = [None] * len(self.rank_infos)
+        dist.all_gather_object(outcomes, outcome)
+        failed = [o[1] for o in outcomes if o[0] == "error"]
+        if failed:
+            first = failed[0]
+            raise WorkerError(
+                f"{self.role}.{self.name} failed on {len(failed)} rank(s); first: rank {first.rank} on "
+                f"{first.host} (pid {first.pid}): {first.error}\n{first.trace}",
+                self.role,
+                first.rank,
+                first.host,
+                first.pid,
+            )
+        return collect(self.mode, [o[1] for o in outcomes], self.rank_infos, context)
+
+    def submit(self, *args: Any, **kwargs: Any) -> CompletedFuture:
+        try:
+            return CompletedFuture(self(*args, **kwargs))
+        except WorkerError as e:
+            return CompletedFuture(error=e)
+
+
+class SPMDWorkerGroup(WorkerGroup):
+    """The ranks of one role under torchrun: this rank's worker is `group.worker`.
+
+    The constructor has the Ray group's shape. `pool` is unused (the group is the torchrun world) and
+    may be None; the timeouts are accepted and unused (every call is collective: there is no driver
+    apart from the ranks to wait for them).
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        worker_cls: type,
+        role: str,
+        init_kwargs: dict | None = None,
+        call_timeout_s: float | None = None,
+        start_timeout_s: float | None = None,
+    ) -> None:
+        self._bind(_LocalHost({role: (worker_cls, init_kwargs or {})}), worker_cls, role)
+
+    @classmethod
+    def colocated(
+        cls,
+        pool: Any,
+        roles: dict[str, tuple[type, dict]],
+        call_timeout_s: float | None = None,
+        start_timeout_s: float | None = None,
+    ) -> dict[str, SPMDWorkerGroup]:
+        """Several roles ({role: (worker class, init kwargs)}) as workers of this process, built in
+        order; `shutdown()` of any of the groups shuts all of them down."""
+        host = _LocalHost(roles)
+        views = {}
+        for role, (worker_cls, _) in roles.items():
+            view = cls.__new__(cls)
+            view._bind(host, worker_cls, role)
+            views[role] = view
+        return views
+
+    def _bind(self, host: _LocalHost, worker_cls: type, role: str) -> None:
+        self._host = host
+        self.role = role
+        self.worker = host.workers[role]
+        self.rank_infos: list[RankInfo] = [None] * dist.get_world_size()
+        dist.all_gather_object(self.rank_infos, self.worker.rank_info())
+        self._expose(worker_cls, lambda name, mode: _SPMDMethod(host, role, name, mode, self.rank_infos))
+
+    @property
+    def alive(self) -> bool:
+        return not self._host.closed
+
+    def shutdown(self) -> None:
+        """Tear down this process's workers (every colocated role's) and their process groups."""
+        self._host.shutdown()

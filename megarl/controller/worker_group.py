@@ -1,12 +1,14 @@
-"""RayWorkerGroup: one Ray actor per rank, called from the driver like one object.
+"""RayWorkerGroup: one Ray actor per rank, called from the driver like one object (the "ray" backend
+of `megarl.controller.group.WorkerGroup`; build it with `make_worker_group`).
 
     pool = ResourcePool([4])
-    policy = RayWorkerGroup(pool, PolicyWorker, "policy", {"layout_kwargs": {"tp": 2}})
-    out = policy.compute_log_prob(batch)              # split by dispatch mode, run, collect
-    fut = policy.compute_log_prob_async(batch)        # overlap with another group; fut.result()
+    actor = RayWorkerGroup(pool, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
+    out = actor.log_prob(batch)                       # split by dispatch mode, run, collect
+    fut = actor.log_prob_async(batch)                 # overlap with another group; fut.result()
 
-    groups = RayWorkerGroup.colocated(pool, {"policy": PolicyWorker, "ref": RefWorker})
-    groups["ref"].compute_ref_log_prob(batch)         # both roles live in one process per rank
+    groups = RayWorkerGroup.colocated(pool, {"actor": (ActorWorker, {"spec": actor_spec}),
+                                             "ref": (ReferenceWorker, {"spec": ref_spec})})
+    groups["ref"].ref_log_prob(batch)                 # both roles live in one process per rank
 
 Every `@register(mode)` method of the worker class becomes a group method. A failure on any rank, or
 a rank that does not answer within `call_timeout_s`, raises `WorkerError` and kills every actor of
@@ -25,7 +27,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from megarl.controller.dispatch import Dispatch, RankInfo, collect, dispatch_mode_of, split
+from megarl.controller.dispatch import Dispatch, RankInfo, collect, split
+from megarl.controller.group import WorkerGroup
 from megarl.controller.resource_pool import Placement, ResourcePool
 from megarl.controller.worker import RemoteError, WorkerError
 from megarl.distributed.launch import free_port
@@ -217,7 +220,7 @@ class _RankActors:
                 pass
 
 
-class GroupFuture:
+class RayFuture:
     """A call already running on every rank; `result()` waits for it and collects the outputs."""
 
     def __init__(self, call: _GroupMethod, refs: list, context: Any) -> None:
@@ -249,20 +252,20 @@ class _GroupMethod:
         self.actors, self.role, self.name, self.mode = actors, role, name, mode
         self.rank_infos, self.timeout_s = rank_infos, timeout_s
 
-    def submit(self, *args: Any, **kwargs: Any) -> GroupFuture:
+    def submit(self, *args: Any, **kwargs: Any) -> RayFuture:
         self.actors.check_alive(self.role)
         calls, context = split(self.mode, args, kwargs, self.rank_infos)
         refs = [
             actor.execute.remote(self.role, self.name, a, k)
             for actor, (a, k) in zip(self.actors.actors, calls)
         ]
-        return GroupFuture(self, refs, context)
+        return RayFuture(self, refs, context)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.submit(*args, **kwargs).result()
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerGroup):
     """The ranks of one role, as one object: `group.method(...)` and `group.method_async(...)`.
 
     `init_kwargs` go to `worker_cls(**init_kwargs)` on every rank. `start_timeout_s` bounds the
@@ -285,20 +288,19 @@ class RayWorkerGroup:
     def colocated(
         cls,
         pool: ResourcePool,
-        roles: dict[str, type],
-        init_kwargs: dict[str, dict] | None = None,
+        roles: dict[str, tuple[type, dict]],
         call_timeout_s: float = 300.0,
         start_timeout_s: float = 300.0,
     ) -> dict[str, RayWorkerGroup]:
-        """Several roles in ONE process per rank (one torch.distributed world); a view per role.
+        """Several roles ({role: (worker class, init kwargs)}) in ONE process per rank (one
+        torch.distributed world); a view per role.
 
         The first role initialises torch.distributed and megatron's layout. A failure in any role,
         or `shutdown()` of any view, ends the shared processes and so every view.
         """
-        specs = {role: (worker_cls, (init_kwargs or {}).get(role, {})) for role, worker_cls in roles.items()}
-        actors = _RankActors(pool, specs, start_timeout_s)
+        actors = _RankActors(pool, roles, start_timeout_s)
         views = {}
-        for role, worker_cls in roles.items():
+        for role, (worker_cls, _) in roles.items():
             view = cls.__new__(cls)
             view._bind(actors, worker_cls, role, call_timeout_s)
             views[role] = view
@@ -306,30 +308,17 @@ class RayWorkerGroup:
 
     def _bind(self, actors: _RankActors, worker_cls: type, role: str, call_timeout_s: float) -> None:
         self._actors = actors
-        self._role = role
+        self.role = role
         self.call_timeout_s = call_timeout_s
         self.rank_infos: list[RankInfo] = [m["rank_info"][role] for m in actors.meta]
-        reserved = set(dir(RayWorkerGroup))
-        for name in dir(worker_cls):
-            mode = None if name.startswith("_") else dispatch_mode_of(getattr(worker_cls, name))
-            if mode is None:
-                continue
-            if name in reserved or f"{name}_async" in reserved:
-                actors.kill(f"method name {name!r} clashes")
-                raise WorkerError(
-                    f"{worker_cls.__name__}.{name} clashes with RayWorkerGroup's own API; rename it", role
-                )
-            method = _GroupMethod(actors, role, name, mode, self.rank_infos, call_timeout_s)
-            setattr(self, name, method)
-            setattr(self, f"{name}_async", method.submit)
-
-    @property
-    def role(self) -> str:
-        return self._role
-
-    @property
-    def world_size(self) -> int:
-        return len(self.rank_infos)
+        try:
+            self._expose(
+                worker_cls,
+                lambda name, mode: _GroupMethod(actors, role, name, mode, self.rank_infos, call_timeout_s),
+            )
+        except ValueError as e:
+            actors.kill("method name clashes")
+            raise WorkerError(str(e), role) from None
 
     @property
     def processes(self) -> list[dict[str, Any]]:
@@ -343,9 +332,3 @@ class RayWorkerGroup:
     def shutdown(self) -> None:
         """Tear down the workers and end their processes (for colocated views: every role's)."""
         self._actors.shutdown()
-
-    def __enter__(self) -> RayWorkerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()

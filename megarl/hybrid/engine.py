@@ -9,34 +9,50 @@
 
 The engine's TP groups are the plan's (strided inside each training TP group), so the reshard moves
 only the bytes of the plan's floor. One HybridEngine per actor rank; every rank of the training world
-takes part in every call (the reshard is collective).
+takes part in every call (the reshard is collective). Its collaborators are given explicitly: the
+actor's model chunks, architecture and layout, the rollout spec, and the offload/reload callables that
+set the training state aside (each returns its report dicts).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.hybrid.reshard import Resharder, ReshardStats
 from megarl.protocol import Batch
 
+if TYPE_CHECKING:
+    import torch
+
+    from megarl.config.roles import RolloutSpec
+    from megarl.distributed.layout import ParallelLayout
+    from megarl.models.from_hf import ModelArchitecture
+
 
 class HybridEngine:
-    def __init__(self, worker) -> None:
+    def __init__(
+        self,
+        chunks: list[torch.nn.Module],
+        arch: ModelArchitecture,
+        layout: ParallelLayout,
+        rollout: RolloutSpec,
+        offload: Callable[[], list[dict]],
+        reload: Callable[[], list[dict]],
+    ) -> None:
         from megarl.rollout.vllm import VLLMRollout
 
-        cfg = worker.cfg
-        self.worker = worker
-        self.plan = GenerationPlan.for_layout(worker.layout, cfg.rollout.tp, worker.arch.num_kv_heads)
+        r = rollout.rollout
+        self.sampling = r  # training rollouts; r.val for validation
+        self.offload, self.reload = offload, reload
+        self.plan = GenerationPlan.for_layout(layout, r.tp, arch.num_kv_heads)
         self.resharder = Resharder(
-            worker.chunks,
-            worker.arch,
-            self.plan,
-            bucket_bytes=cfg.rollout.reshard_bucket_mib << 20,
-            naive=cfg.rollout.naive_reshard,
+            chunks, arch, self.plan, bucket_bytes=r.reshard_bucket_mib << 20, naive=r.naive_reshard
         )
-        self.rollout = VLLMRollout(cfg, tp_groups=self.plan.gen_tp_groups)
+        self.rollout = VLLMRollout(rollout, tp_groups=self.plan.gen_tp_groups)
         self.rollout.sleep()  # frees device memory for training; a no-op on CPU
         self.last_stats: ReshardStats | None = None  # this rank's numbers of the latest sync
 
@@ -54,18 +70,17 @@ class HybridEngine:
 
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:
         """Responses for this generation replica's prompts, with the training state set aside meanwhile."""
-        cfg = self.worker.cfg
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        offloads = self.worker.offload(params=False)
+        offloads = self.offload()
         timings["offload"] = time.perf_counter() - start
         stats = self.sync_weights()
         start = time.perf_counter()
-        out = self.rollout.generate(prompts, cfg.rollout.val if validate else cfg.rollout)
+        out = self.rollout.generate(prompts, self.sampling.val if validate else self.sampling)
         timings["generate"] = time.perf_counter() - start
         start = time.perf_counter()
         self.rollout.sleep()
-        reloads = self.worker.reload()
+        reloads = self.reload()
         timings["reload"] = time.perf_counter() - start
         out.meta["hybrid_engine"] = {
             "reshard": {**asdict(stats), "ratio": stats.ratio},

@@ -304,3 +304,47 @@ def offload_optimizer(opt: TrainOptimizer, target: OffloadTarget | None = None) 
 def reload_optimizer(opt: TrainOptimizer) -> OffloadReport:
     """Put the optimizer state back, bit-exact."""
     return _reload(opt, "optimizer")
+
+
+# --- a role's whole training state ----------------------------------------------------------------
+
+# Offload order: the optimizer first, while the model storages it must leave alone are still there.
+_STATES = ("optimizer", "grads", "params")
+
+
+def offloaded_states(chunks: list[torch.nn.Module], optimizer: TrainOptimizer | None = None) -> list[str]:
+    """Which of "params", "grads", "optimizer" of this model are offloaded now (read from the one
+    record that offload and reload keep)."""
+    owners = {"params": chunks[0], "grads": chunks[0], "optimizer": optimizer}
+    return [s for s in reversed(_STATES) if owners[s] is not None and s in _offloaded.get(owners[s], {})]
+
+
+def offload_state(
+    chunks: list[torch.nn.Module],
+    optimizer: TrainOptimizer | None,
+    states: set[str],
+    target: OffloadTarget | None = None,
+) -> list[OffloadReport]:
+    """Offload `states` (a subset of params / grads / optimizer) of a role's model, skipping what is
+    already offloaded; a frozen model (`optimizer` None) has only params."""
+    if optimizer is None and states - {"params"}:
+        raise ValueError("a frozen model has no gradients or optimizer state to offload")
+    done = offloaded_states(chunks, optimizer)
+    actions = {
+        "optimizer": lambda: offload_optimizer(optimizer, target),
+        "grads": lambda: offload_grads(chunks, target),
+        "params": lambda: offload_params(chunks, target),
+    }
+    return [actions[s]() for s in _STATES if s in states and s not in done]
+
+
+def reload_state(
+    chunks: list[torch.nn.Module], optimizer: TrainOptimizer | None = None
+) -> list[OffloadReport]:
+    """Bring back everything of this model that is offloaded, bit-exact."""
+    actions = {
+        "params": lambda: reload_params(chunks),
+        "grads": lambda: reload_grads(chunks),
+        "optimizer": lambda: reload_optimizer(optimizer),
+    }
+    return [actions[s]() for s in offloaded_states(chunks, optimizer)]

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megarl.config.schema import MegarlConfig, SamplingConfig
+from megarl.config.roles import RolloutSpec
+from megarl.config.schema import SamplingConfig
 from megarl.distributed.platform import platform
 from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
@@ -104,11 +105,12 @@ class VLLMRollout(Rollout):
     """vLLM generation for this rank's replica. Needs torch.distributed initialised (all ranks of the
     world create their engine together) and, on CPU, `rollout.kv_cache_memory_bytes`.
 
-    `tp_groups` lists every generation TP group as global ranks (default: runs of `rollout.tp`
+    `cfg` is the actor's rollout spec (`megarl.config.roles.rollout_spec(config)`). `tp_groups` lists
+    every generation TP group as global ranks (default: runs of `rollout.tp`
     consecutive ranks); all ranks pass the same list.
     """
 
-    def __init__(self, cfg: MegarlConfig, tp_groups: list[list[int]] | None = None) -> None:
+    def __init__(self, cfg: RolloutSpec, tp_groups: list[list[int]] | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
                 "initialise torch.distributed before creating VLLMRollout "
@@ -129,7 +131,7 @@ class VLLMRollout(Rollout):
         self.replica = next(i for i, g in enumerate(self.tp_groups) if rank in g)
         # Per-request sampling seeds derive from (seed, replica, sampling_step); sampling_step counts
         # generate calls, so restoring both resumes the same seed stream.
-        self.seed = cfg.trainer.seed if r.seed is None else r.seed
+        self.seed = cfg.seed
         self.sampling_step = 0
         self.llm = self._start_engine()
         self.pad_token_id = self._pad_token_id()
@@ -142,7 +144,7 @@ class VLLMRollout(Rollout):
 
         spare_default_process_group()
         cfg, r = self.cfg, self.cfg.rollout
-        longest = max(t or cfg.data.max_response_length for t in (r.max_tokens, r.val.max_tokens))
+        longest = max(t or cfg.max_response_length for t in (r.max_tokens, r.val.max_tokens))
         with engine_call(), given_tp_groups(self.tp_groups):
             return LLM(
                 model=cfg.model.path,
@@ -152,7 +154,7 @@ class VLLMRollout(Rollout):
                 tensor_parallel_size=r.tp,
                 distributed_executor_backend="external_launcher",
                 seed=self.seed,
-                max_model_len=cfg.data.max_prompt_length + longest,
+                max_model_len=cfg.max_prompt_length + longest,
                 max_num_seqs=r.max_num_seqs,
                 gpu_memory_utilization=r.gpu_memory_utilization,
                 kv_cache_memory_bytes=r.kv_cache_memory_bytes,
@@ -188,7 +190,7 @@ class VLLMRollout(Rollout):
         """Sample `sampling.n` responses per prompt; see `megarl.rollout.base` for the returned columns."""
         from vllm import SamplingParams
 
-        max_tokens = sampling.max_tokens or self.cfg.data.max_response_length
+        max_tokens = sampling.max_tokens or self.cfg.max_response_length
         prompts = prompt_token_ids(batch)
         params = [
             SamplingParams(

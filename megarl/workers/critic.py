@@ -3,8 +3,9 @@
     values(batch)  -> Batch(values [n, R]): V(state before response token j), 0 on padding
     update(batch)  -> metrics dict: clipped value loss on `values` (old) and `returns`
 
-Started from the critic checkpoint (`critic.model_path`, default the policy's): a policy LM checkpoint
-gets a fresh scalar head in place of its LM head (`ModelArchitecture.with_scalar_head`).
+Built from `role_spec(cfg, "critic")`, whose model is the critic checkpoint (`critic.model_path`, default
+the policy's): a policy LM checkpoint gets a fresh scalar head in place of its LM head
+(`ModelArchitecture.with_scalar_head`).
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from __future__ import annotations
 import torch
 
 from megarl.algorithms.value_loss import clipped_value_loss
-from megarl.config.schema import MegarlConfig
+from megarl.config.roles import RoleSpec
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import select_positions
 from megarl.models.from_hf import ModelArchitecture
 from megarl.protocol import Batch
-from megarl.workers.megatron_worker import GlobalCounts, MegatronWorker
+from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.sequences import sequences_from_batch
+from megarl.workers.train_loop import GlobalCounts, train_minibatches
 
 
 class CriticWorker(MegatronWorker):
-    def __init__(self, cfg: MegarlConfig, total_steps: int | None = None) -> None:
-        super().__init__(cfg, "critic", trainable=True, total_steps=total_steps)
+    def __init__(self, spec: RoleSpec) -> None:
+        if not spec.trainable or spec.algorithm is None:
+            raise ValueError(f"the critic needs a trained role's spec; got {spec.role!r}")
+        super().__init__(spec)
 
     def _architecture(self) -> ModelArchitecture:
         return super()._architecture().with_scalar_head()
@@ -47,14 +51,13 @@ class CriticWorker(MegatronWorker):
         missing = [k for k in ("values", "returns") if k not in batch.tensors.keys()]
         if missing:
             raise KeyError(f"critic update needs columns {missing} in the batch")
-        algo = self.cfg.algorithm
         seqs = sequences_from_batch(batch)
         fields = {"old_values": batch["values"].float(), "returns": batch["returns"].float()}
-        mini = algo.ppo_mini_batch_size * self.cfg.rollout.n // self.layout.dp
-        return self.train_minibatches(seqs, fields, self._value_loss, mini, algo.ppo_epochs)
+        mini = self.spec.mini_batch_size // self.layout.dp
+        return train_minibatches(self, seqs, fields, self._value_loss, mini, self.spec.epochs)
 
     def _value_loss(self, mb: dict, output: torch.Tensor, counts: GlobalCounts):
-        algo = self.cfg.algorithm
+        algo = self.spec.algorithm
         mask = mb["mask"]
         loss, metrics = clipped_value_loss(
             self._token_values(mb, output),

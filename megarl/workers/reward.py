@@ -10,6 +10,7 @@ picks one from `reward.backend`.
 
 from __future__ import annotations
 
+from megarl.config.roles import RoleSpec, role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import select_positions
@@ -20,16 +21,16 @@ from megarl.workers.sequences import sequences_from_batch
 
 
 class RewardModelWorker(MegatronWorker):
-    def __init__(self, cfg: MegarlConfig) -> None:
-        if not cfg.reward.model_path:
-            raise ValueError("reward.model_path is not set: the reward model needs an HF checkpoint")
-        super().__init__(cfg, "reward", trainable=False)
+    def __init__(self, spec: RoleSpec) -> None:
+        if spec.trainable:
+            raise ValueError(f"the reward model is frozen; got the spec of the trained {spec.role!r} role")
+        super().__init__(spec)
 
     def _architecture(self) -> ModelArchitecture:
         arch = super()._architecture()
         if arch.head != "scalar":
             raise ValueError(
-                f"{self.cfg.reward.model_path} is a language model, not a reward model: expected an HF "
+                f"{self.spec.model.path} is a language model, not a reward model: expected an HF "
                 "*ForSequenceClassification checkpoint with num_labels=1 (a `score.weight` head)"
             )
         return arch
@@ -49,7 +50,7 @@ def reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
     """(worker class, constructor kwargs) of the reward-model group that `cfg.reward` describes."""
     r = cfg.reward
     if r.backend == "megatron":
-        return RewardModelWorker, {"cfg": cfg}
+        return RewardModelWorker, {"spec": role_spec(cfg, "reward")}
     from megarl.workers.reward_hf import HFRewardWorker
 
     return HFRewardWorker, {

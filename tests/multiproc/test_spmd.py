@@ -33,9 +33,25 @@ def test_rank_zero_and_all_to_all(spmd):
     assert spmd["all_to_all"] == [10, 21, 32, 43]
 
 
+def test_rank_infos_role_and_world_size(spmd):
+    assert spmd["rank_infos"] == [[r, r, 4] for r in range(4)]
+    assert spmd["role_and_world"] == ["flat", 4]
+
+
+def test_async_call_returns_a_completed_future(spmd):
+    assert spmd["async"] == {"done": True, "y": [0, 2, 4, 6]}
+    assert "flat.fail_on failed on 1 rank(s); first: rank 2" in spmd["async_failure"]
+
+
 def test_colocated_roles_share_the_process(spmd):
     assert spmd["colocated_same_pid"]
     assert spmd["colocated_ref_works"] == [0, 2, 4, 6]
+
+
+def test_shutting_down_one_colocated_group_ends_both(spmd):
+    assert spmd["colocated_after_shutdown"] == "ref group is shut down"
+    assert spmd["colocated_alive"] == [False, False]
+    assert spmd["colocated_shutdowns"] == 2
 
 
 def test_a_failing_rank_raises_on_every_rank_naming_it(spmd):

@@ -16,6 +16,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from megarl.config.roles import RolloutSpec, rollout_spec
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.backend import init_distributed
 from megarl.distributed.launch import report_from_rank_zero
@@ -37,14 +38,14 @@ def prompt_batch(seed: int = 0) -> Batch:
     return Batch({"prompts": prompts, "attention_mask": mask, "row": torch.arange(N_PROMPTS)}, {"tag": tags})
 
 
-def config(model: str, tp: int) -> MegarlConfig:
+def config(model: str, tp: int) -> RolloutSpec:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = model, "fp32"
     cfg.data.max_prompt_length, cfg.data.max_response_length = PROMPT, RESPONSE
     r = cfg.rollout
     r.tp, r.n, r.temperature, r.seed = tp, 3, 1.0, 7
     r.kv_cache_memory_bytes, r.max_num_seqs, r.enforce_eager = 16 << 20, 16, True
-    return cfg
+    return rollout_spec(cfg)
 
 
 def hf_log_probs(model, out: Batch, temperature: float = 1.0) -> torch.Tensor:

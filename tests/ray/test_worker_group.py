@@ -8,6 +8,7 @@ import psutil
 import pytest
 import torch
 
+from megarl.controller.group import WorkerGroup, make_colocated_groups, make_worker_group
 from megarl.controller.resource_pool import ResourcePool, ResourcePoolError
 from megarl.controller.worker import WorkerError
 from megarl.controller.worker_group import RayWorkerGroup
@@ -38,12 +39,12 @@ def _wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tp2_dp2(pool4):
-    group = RayWorkerGroup(pool4, ProbeWorker, "policy", {"layout_kwargs": {"tp": 2}})
+    group = make_worker_group("ray", pool4, ProbeWorker, "policy", {"layout_kwargs": {"tp": 2}})
     yield group
     group.shutdown()
 
 
-def _check_coordinates(group: RayWorkerGroup, layout: ParallelLayout) -> None:
+def _check_coordinates(group: WorkerGroup, layout: ParallelLayout) -> None:
     reported = group.coordinates()
     assert [c["rank"] for c in reported] == list(range(4))
     for c in reported:
@@ -55,7 +56,14 @@ def _check_coordinates(group: RayWorkerGroup, layout: ParallelLayout) -> None:
 
 def test_tp2_dp2_ranks_report_layout_coordinates(tp2_dp2):
     _check_coordinates(tp2_dp2, ParallelLayout(world_size=4, tp=2))
+    assert isinstance(tp2_dp2, RayWorkerGroup)
     assert tp2_dp2.world_size == 4 and tp2_dp2.role == "policy"
+    assert [(i.rank, i.dp_rank, i.dp_size, i.collect) for i in tp2_dp2.rank_infos] == [
+        (0, 0, 2, True),
+        (1, 0, 2, False),
+        (2, 1, 2, True),
+        (3, 1, 2, False),
+    ]
     assert tp2_dp2.world_sum([1, 2, 3, 4]) == [10] * 4
 
 
@@ -71,14 +79,14 @@ def test_dp_compute_splits_by_dp_rank_and_drops_padding(tp2_dp2, rows):
 
 def test_async_calls_overlap_and_collect(tp2_dp2):
     futures = [tp2_dp2.sleep_on_async(r, 1.0) for r in range(4)]
+    assert not futures[-1].done()
     assert [f.result() for f in futures] == [[0, 1, 2, 3]] * 4
+    assert all(f.done() for f in futures)
 
 
 def test_pp2_dp2_colocated_roles_share_one_process_and_world(pool4):
     layout = {"layout_kwargs": {"pp": 2}}
-    groups = RayWorkerGroup.colocated(
-        pool4, {"policy": PolicyRole, "ref": RefRole}, {"policy": layout, "ref": layout}
-    )
+    groups = make_colocated_groups("ray", pool4, {"policy": (PolicyRole, layout), "ref": (RefRole, layout)})
     try:
         _check_coordinates(groups["ref"], ParallelLayout(world_size=4, pp=2))
         policy, ref = groups["policy"].whoami(), groups["ref"].whoami()
@@ -89,7 +97,8 @@ def test_pp2_dp2_colocated_roles_share_one_process_and_world(pool4):
         assert torch.equal(out.tensors["y"], torch.arange(10) * 2)
         assert out.tensors["rank"].tolist() == [2] * 5 + [3] * 5  # the last PP stage collects
     finally:
-        groups["policy"].shutdown()
+        with groups["policy"]:  # leaving the context shuts the shared processes down
+            pass
     assert not groups["ref"].alive
     assert _wait_gone([p["pid"] for p in policy]) == []
 
@@ -124,8 +133,9 @@ def test_pool_orders_bundles_and_limits_colocation(ray_cluster):
     try:
         assert pool.world_size == 3
         assert [p.local_rank for p in pool.placements()] == [0, 1, 2]  # one node here: ranks count on
-        (pg_a, _), (pg_b, _), (pg_c, _) = pool.bundles()
-        assert [i for _, i in pool.bundles()] == [0, 1, 0] and pg_a == pg_b != pg_c
+        a, b, c = pool.placements()
+        assert [p.bundle_index for p in (a, b, c)] == [0, 1, 0]
+        assert a.placement_group == b.placement_group != c.placement_group
         pool.attach()
         with pytest.raises(ResourcePoolError, match="max_colocate=1"):
             pool.attach()

@@ -9,8 +9,11 @@ from megarl.hybrid.offload import (
     HostMemory,
     offload_grads,
     offload_params,
+    offload_state,
+    offloaded_states,
     reload_grads,
     reload_params,
+    reload_state,
 )
 
 pytestmark = pytest.mark.unit
@@ -100,3 +103,20 @@ def test_offloading_twice_or_reloading_nothing_is_refused():
     with pytest.raises(RuntimeError, match="already offloaded"):
         offload_params([model])
     reload_params([model])
+
+
+def test_state_offload_is_recorded_once_and_reload_brings_back_what_was_offloaded(tmp_path):
+    model = tied_model()
+    before = snapshot(model)
+    assert offloaded_states([model]) == []
+    first = offload_state([model], None, {"params"}, DiskFiles(tmp_path))
+    assert [r.state for r in first] == ["params"] and offloaded_states([model]) == ["params"]
+    assert offload_state([model], None, {"params"}) == []  # already offloaded: skipped
+    assert [r.state for r in reload_state([model])] == ["params"]
+    assert offloaded_states([model]) == [] and reload_state([model]) == []
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(model)))
+
+
+def test_a_frozen_model_has_no_training_state_to_offload():
+    with pytest.raises(ValueError, match="frozen model"):
+        offload_state([tied_model()], None, {"params", "grads"})

@@ -1,0 +1,153 @@
+"""The resolved spec of one role: what a worker needs from the config, decided once, nothing more.
+
+    spec = role_spec(cfg, "actor")          # model, layout, batching, offload, optimizer, loss, rollout
+    ActorWorker(spec)
+
+Workers receive a `RoleSpec`, never the whole `MegarlConfig`. Every rule that ties one role's settings
+to another's lives here: the reference shares the actor's layout, devices and offload directory; the
+critic starts from the policy checkpoint unless it names its own; activation recomputation applies only
+to trained roles; a mini-batch is `ppo_mini_batch_size × rollout.n` sequences.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+
+from megarl.config.schema import AlgorithmConfig, MegarlConfig, OptimizerConfig, ParallelConfig, RolloutConfig
+
+ROLE_NAMES = ("actor", "ref", "critic", "reward")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The Hugging Face checkpoint a role loads, and how it is built."""
+
+    path: str
+    dtype: str  # "fp32" | "bf16" | "fp16"
+    make_vocab_size_divisible_by: int
+    tokenizer_path: str  # the policy's tokenizer (the checkpoint's own unless model.tokenizer_path is set)
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class OffloadSpec:
+    """What a role moves off the compute device while idle or generating, and where to."""
+
+    params: bool = False
+    grads: bool = False
+    optimizer: bool = False
+    dir: str | None = None  # None = host memory; else one file per offload under this directory
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """What the actor's rollout engine needs: the policy checkpoint, the engine and sampling settings,
+    the prompt/response lengths and the sampling seed (rollout.seed, else trainer.seed)."""
+
+    model: ModelSpec
+    rollout: RolloutConfig
+    max_prompt_length: int
+    max_response_length: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role's resolved settings. `optimizer is None` means the role is frozen (reference, reward)."""
+
+    role: str  # "actor" | "ref" | "critic" | "reward"
+    model: ModelSpec
+    parallel: ParallelConfig
+    n_devices: int  # processes of the role's worker group
+    micro_batch_size: int
+    max_tokens_per_micro_batch: int | None
+    offload: OffloadSpec
+    recompute: bool = False  # activation recomputation (model.gradient_checkpointing, trained roles only)
+    optimizer: OptimizerConfig | None = None
+    total_steps: int = 1  # optimizer steps of the LR schedule
+    mini_batch_size: int = 0  # sequences per optimizer step over all DP ranks (ppo_mini_batch_size × n)
+    epochs: int = 1  # passes over each batch (algorithm.ppo_epochs)
+    algorithm: AlgorithmConfig | None = None  # the loss settings of a trained role
+    rollout: RolloutSpec | None = None  # the actor's generation engine
+
+    @property
+    def trainable(self) -> bool:
+        return self.optimizer is not None
+
+
+def rollout_spec(cfg: MegarlConfig) -> RolloutSpec:
+    """The actor's rollout engine settings."""
+    r = cfg.rollout
+    return RolloutSpec(
+        model=_model_spec(cfg, cfg.model.path),
+        rollout=copy.deepcopy(r),
+        max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=cfg.data.max_response_length,
+        seed=cfg.trainer.seed if r.seed is None else r.seed,
+    )
+
+
+def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> RoleSpec:
+    """The resolved spec of `role` ("actor", "ref", "critic" or "reward"). `total_steps` (the trainer's
+    count when trainer.total_steps is unset) sets the LR schedule length of trained roles."""
+    if role not in ROLE_NAMES:
+        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLE_NAMES)}")
+    actor = cfg.actor
+    if role == "ref":  # lives in the actor's processes: the actor's layout, devices and offload dir
+        section, layout_of = cfg.ref, actor
+        offload = OffloadSpec(params=cfg.ref.offload_params, dir=actor.offload_dir)
+    else:
+        section = layout_of = getattr(cfg, role)
+        offload = OffloadSpec(
+            params=section.offload_params,
+            grads=getattr(section, "offload_grads", False),
+            optimizer=getattr(section, "offload_optimizer", False),
+            dir=section.offload_dir,
+        )
+    trained = role in ("actor", "critic")
+    n_devices = layout_of.n_devices
+    spec = RoleSpec(
+        role=role,
+        model=_model_spec(cfg, _model_path(cfg, role)),
+        parallel=copy.deepcopy(layout_of.parallel),
+        n_devices=cfg.cluster_size() if n_devices is None else n_devices,
+        micro_batch_size=section.micro_batch_size,
+        max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
+        offload=offload,
+    )
+    if not trained:
+        return spec
+    algo = cfg.algorithm
+    return replace(
+        spec,
+        recompute=cfg.model.gradient_checkpointing,
+        optimizer=copy.deepcopy(section.optimizer),
+        total_steps=total_steps or cfg.trainer.total_steps or 1,
+        mini_batch_size=algo.ppo_mini_batch_size * cfg.rollout.n,
+        epochs=algo.ppo_epochs,
+        algorithm=copy.deepcopy(algo),
+        rollout=rollout_spec(cfg) if role == "actor" else None,
+    )
+
+
+def _model_path(cfg: MegarlConfig, role: str) -> str:
+    if role == "reward":
+        if not cfg.reward.model_path:
+            raise ValueError("reward.model_path is not set: the reward model needs an HF checkpoint")
+        return cfg.reward.model_path
+    path = (cfg.critic.model_path if role == "critic" else None) or cfg.model.path
+    if not path:
+        raise ValueError(f"model.path is not set: the {role} role needs an HF checkpoint")
+    return path
+
+
+def _model_spec(cfg: MegarlConfig, path: str | None) -> ModelSpec:
+    m = cfg.model
+    return ModelSpec(
+        path=path,
+        dtype=m.dtype,
+        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+        tokenizer_path=m.tokenizer_path or m.path,
+        trust_remote_code=m.trust_remote_code,
+    )

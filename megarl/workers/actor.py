@@ -1,0 +1,111 @@
+"""ActorWorker: the trained policy, on megatron-core, with its colocated rollout engine.
+
+    log_prob(batch)      -> Batch(old_log_probs [n, R], entropy [n, R])
+    update(batch)        -> metrics dict (PPO epochs × mini-batches × micro-batches, one optimizer step
+                            per mini-batch)
+    generate(prompts)    -> rollout Batch (responses, rollout_log_probs, …), GEN_DP_COMPUTE: the
+                            3D-HybridEngine syncs the weights into the colocated vLLM engine first
+
+Built from `role_spec(cfg, "actor")`: its layout, batching, offload, optimizer, loss settings
+(`spec.algorithm`), mini-batch size and rollout engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megarl.algorithms.aggregate import aggregate
+from megarl.algorithms.kl import kl_penalty
+from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
+from megarl.config.roles import RoleSpec
+from megarl.controller.dispatch import Dispatch, register
+from megarl.models.forward import vocab_parallel_entropy
+from megarl.protocol import Batch
+from megarl.workers.log_probs import response_log_probs, token_log_probs
+from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.sequences import sequences_from_batch
+from megarl.workers.train_loop import GlobalCounts, train_minibatches
+
+
+class ActorWorker(MegatronWorker):
+    def __init__(self, spec: RoleSpec) -> None:
+        if not spec.trainable or spec.algorithm is None or spec.rollout is None:
+            raise ValueError(f"the actor needs a trained role's spec with a rollout; got {spec.role!r}")
+        super().__init__(spec)
+        self.hybrid = None  # the rollout engine, started by the first generate()
+
+    @register(Dispatch.DP_COMPUTE)
+    def log_prob(self, batch: Batch) -> Batch:
+        """The current policy's log-prob and entropy of every response token (0 on padding)."""
+        return response_log_probs(self, batch, "old_log_probs", with_entropy=True)
+
+    @register(Dispatch.GEN_DP_COMPUTE)
+    def generate(self, prompts: Batch, validate: bool = False) -> Batch:
+        """Sample responses for this generation replica's share of `prompts` (rollout.* sampling, or
+        rollout.val.* when `validate`) with the current weights."""
+        from megarl.hybrid.engine import HybridEngine
+
+        self.check_loaded()
+        if self.hybrid is None:
+            self.hybrid = HybridEngine(
+                self.chunks,
+                self.arch,
+                self.layout,
+                self.spec.rollout,
+                offload=lambda: self.offload(params=False),
+                reload=self.reload,
+            )
+        return self.hybrid.generate(prompts, validate)
+
+    def shutdown(self) -> None:
+        if self.hybrid is not None:  # vLLM's groups go before megatron's
+            self.hybrid.close()
+            self.hybrid = None
+        super().shutdown()
+
+    @register(Dispatch.DP_COMPUTE)
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO-style policy update on a batch with old_log_probs and advantages (and ref_log_probs when
+        algorithm.use_kl_loss). Returns metrics averaged over the optimizer steps."""
+        needed = ["old_log_probs", "advantages"] + (
+            ["ref_log_probs"] if self.spec.algorithm.use_kl_loss else []
+        )
+        missing = [k for k in needed if k not in batch.tensors.keys()]
+        if missing:
+            raise KeyError(f"policy update needs columns {missing} in the batch")
+        seqs = sequences_from_batch(batch)
+        fields = {k: batch[k].float() for k in needed}
+        mini = self.spec.mini_batch_size // self.layout.dp
+        return train_minibatches(self, seqs, fields, self._policy_loss, mini, self.spec.epochs)
+
+    def _policy_loss(self, mb: dict, logits: torch.Tensor, counts: GlobalCounts):
+        algo = self.spec.algorithm
+        mask = mb["mask"]
+        agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
+        log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size)
+        loss, metrics = POLICY_LOSSES[algo.policy_loss](
+            log_probs,
+            mb["old_log_probs"],
+            mb["advantages"],
+            mask,
+            algo.clip_ratio_low,
+            algo.clip_ratio_high,
+            clip_ratio_c=algo.clip_ratio_c,
+            **agg,
+        )
+        # Metrics are token means over this micro-batch; weight them by its share of the mini-batch tokens.
+        share = mask.sum() / counts.num_tokens
+        out = {f"actor/{k}": torch.as_tensor(v, dtype=torch.float64) * share for k, v in metrics.items()}
+        out["actor/pg_loss"] = loss.detach()
+        if algo.entropy_coeff:
+            entropy = vocab_parallel_entropy(selected, self.arch.vocab_size)
+            loss = loss - entropy_bonus(entropy, mask, algo.entropy_coeff, **agg)
+            out["actor/entropy"] = aggregate(
+                entropy.detach(), mask, "token-mean", num_tokens=counts.num_tokens
+            )
+        if algo.use_kl_loss:
+            kl = kl_penalty(log_probs, mb["ref_log_probs"], algo.kl_estimator)
+            kl = aggregate(kl, mask, algo.loss_agg_mode, **counts.agg())
+            loss = loss + algo.kl_coef * kl
+            out["actor/kl_loss"] = kl.detach()
+        return loss, out

@@ -1,0 +1,38 @@
+"""Per-token log-probs (and entropy) of the responses under a Megatron policy: the code the actor and
+the reference share.
+
+Computed vocabulary-parallel (each TP rank keeps its slice of the logits; only per-token scalars are
+all-reduced) on the last pipeline stage, then broadcast over PP.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megarl.models.forward import select_positions, vocab_parallel_entropy, vocab_parallel_log_probs
+from megarl.protocol import Batch
+from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.sequences import sequences_from_batch
+
+
+def token_log_probs(mb: dict, logits: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p of each response token, the vocab-parallel logits at those positions) — [k, R], [k, R, V/tp]."""
+    selected = select_positions(logits, mb["index"])
+    labels = mb["labels"].reshape(-1)[mb["index"].reshape(-1)].reshape(mb["index"].shape)
+    return vocab_parallel_log_probs(selected, labels, vocab_size) * mb["mask"], selected
+
+
+def response_log_probs(worker: MegatronWorker, batch: Batch, column: str, with_entropy: bool) -> Batch:
+    """Batch(`column` [n, R]) of the worker's policy (+ `entropy` [n, R]), 0 on padding."""
+    seqs = sequences_from_batch(batch)
+    width, vocab = seqs.response_width, worker.arch.vocab_size
+
+    def compute(mb, logits):
+        log_probs, selected = token_log_probs(mb, logits, vocab)
+        out = {column: log_probs}
+        if with_entropy:
+            out["entropy"] = vocab_parallel_entropy(selected, vocab) * mb["mask"]
+        return out
+
+    shapes = {column: (width,), **({"entropy": (width,)} if with_entropy else {})}
+    return Batch(tensors=worker.forward_rows(seqs, compute, shapes))

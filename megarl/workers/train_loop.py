@@ -1,0 +1,113 @@
+"""The mini-batch training loop of a trained Megatron role (actor, critic): epochs × mini-batches ×
+micro-batches, one optimizer step per mini-batch.
+
+Loss normalisation: the loss of a mini-batch is defined over the WHOLE mini-batch (all micro-batches on
+all data-parallel ranks), so each micro-batch computes its share with the global token/sequence counts
+and is scaled back up by (micro-batches × DP size), which the schedule and DDP divide out again. Any
+split — DP, micro-batch size, token budget — then gives the same loss and gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megarl.models.forward import run_microbatches
+from megarl.workers.megatron_worker import MegatronWorker, from_last_stage
+from megarl.workers.sequences import Sequences
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """Denominators of a mini-batch loss, over all its micro-batches and data-parallel ranks."""
+
+    num_tokens: float
+    num_seqs: float
+    horizon: int  # response columns R: the constant length of seq-mean-token-sum-norm
+
+    def agg(self) -> dict:
+        return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "horizon": self.horizon}
+
+
+# loss_fn(micro-batch, model output, counts) -> (this micro-batch's share of the mini-batch loss, metrics
+# already weighted so that summing them over micro-batches and DP ranks gives the mini-batch value)
+TrainLossFn = Callable[[dict, torch.Tensor, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def train_minibatches(
+    worker: MegatronWorker,
+    seqs: Sequences,
+    fields: dict[str, torch.Tensor],
+    loss_fn: TrainLossFn,
+    mini_batch_size: int,
+    epochs: int,
+) -> dict[str, float]:
+    """`epochs` passes of optimizer steps of `worker` over mini-batches of `mini_batch_size` local
+    sequences. Returns metrics averaged over the optimizer steps (every rank returns the same)."""
+    from megatron.core import parallel_state as ps
+
+    worker.check_loaded()
+    n = len(seqs)
+    if mini_batch_size <= 0 or n % mini_batch_size:
+        raise ValueError(
+            f"{worker.role}: {n} sequences on this data-parallel rank cannot be split into mini-batches of "
+            f"{mini_batch_size}; make the batch a multiple of ppo_mini_batch_size × rollout.n"
+        )
+    dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+    dp_size = dist.get_world_size(dp_group)
+    history: list[dict[str, float]] = []
+    for _ in range(epochs):
+        for start in range(0, n, mini_batch_size):
+            rows = list(range(start, start + mini_batch_size))
+            counts = torch.tensor(
+                [float(sum(seqs.response_lens[r] for r in rows)), float(len(rows))], dtype=torch.float64
+            )
+            dist.all_reduce(counts, group=dp_group)
+            global_counts = GlobalCounts(counts[0].item(), counts[1].item(), seqs.response_width)
+            mbs = worker.microbatches(seqs, rows, fields)
+            scale = len(mbs) * dp_size
+
+            def scaled(mb, output, _counts=global_counts, _scale=scale):
+                share, metrics = loss_fn(mb, output, _counts)
+                return share * _scale, {
+                    k: v.detach().double().cpu() for k, v in {"loss": share, **metrics}.items()
+                }
+
+            worker.optimizer.zero_grad()
+            outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False)
+            step = worker.optimizer.step()
+            metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)
+            metrics.update({k: float(v) for k, v in step.items() if isinstance(v, int | float | bool)})
+            history.append(metrics)
+    # a skipped update (fp16 overflow) has no grad norm: average what was measured
+    merged = {}
+    for key in history[0]:
+        values = [h[key] for h in history if math.isfinite(h[key])]
+        merged[key] = sum(values) / len(values) if values else float("nan")
+    return merged
+
+
+def _sum_over_replica(outs: list[dict], dp_group, pp: int) -> dict[str, float]:
+    """Sum micro-batch metrics over micro-batches and DP ranks; every rank gets the values."""
+    from megatron.core import parallel_state as ps
+
+    names = sorted(outs[0]) if outs else None
+    holder = [names]
+    if pp > 1:
+        dist.broadcast_object_list(
+            holder,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
+        )
+    names = holder[0]
+    totals = torch.zeros(len(names), dtype=torch.float64)
+    if ps.is_pipeline_last_stage():
+        for i, name in enumerate(names):
+            totals[i] = sum(o[name].sum() for o in outs)
+    totals = from_last_stage(totals, pp)
+    dist.all_reduce(totals, group=dp_group)
+    return {name: totals[i].item() for i, name in enumerate(names)}
