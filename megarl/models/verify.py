@@ -23,8 +23,8 @@ from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
-from megarl.models.ddp import wrap_ddp, zero_grads
-from megarl.models.forward import gather_logits, grad_norm, run_microbatches, vocab_parallel_log_probs
+from megarl.models.ddp import wrap_ddp
+from megarl.models.forward import gather_logits, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
 
 
@@ -74,6 +74,23 @@ def _full_output(out: torch.Tensor, arch: ModelArchitecture) -> torch.Tensor:
     return out if arch.head == "scalar" else gather_logits(out, arch.vocab_size)
 
 
+def megatron_grad_norm(chunks: list[torch.nn.Module]) -> float:
+    """The global gradient norm as megatron's optimizer measures it: TP-replicated and tied parameters
+    counted once, summed over the model-parallel group."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
+
+    grads = [
+        p.main_grad
+        for chunk in chunks
+        for p in chunk.parameters()
+        if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)
+    ]
+    return get_grad_norm_fp32(grads, grad_stats_parallel_group=ps.get_model_parallel_group())
+
+
 def check_layout(
     layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict
 ) -> dict:
@@ -99,7 +116,8 @@ def check_layout(
     # Forward + backward: the batch split over DP ranks, one sequence per micro-batch; megatron's DDP
     # averages over DP and finalizes tied-embedding, sequence-parallel and q/k-norm gradients.
     chunks = wrap_ddp(chunks)
-    zero_grads(chunks)
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
     dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
     mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
     microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
@@ -117,7 +135,7 @@ def check_layout(
     outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
     loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)
     dist.all_reduce(loss, group=ps.get_data_parallel_group())
-    norm = grad_norm(chunks)
+    norm = megatron_grad_norm(chunks)
     hf_grads = to_hf_tensors(full_megatron_tensors(chunks, arch, grads=True), arch)
     grad_diff = max((g - ref["grads"][name]).abs().max() for name, g in hf_grads)
 
