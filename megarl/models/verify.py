@@ -1,24 +1,22 @@
 """Check a HF -> megatron conversion numerically: logits, loss and gradient norm against transformers.
 
-Runs under torchrun (`megarl verify-model` launches it). For every requested layout it builds the
-megatron model, loads the HF weights, and compares with the HF model in fp32 on the same batch:
+A rank program (megarl.distributed.rank_program; `megarl verify-model` launches it). For every requested
+layout it builds the megatron model, loads the HF weights, and compares with the HF model in fp32 on the
+same batch:
   max |Δlogits|                     forward only, full vocabulary gathered over TP
   loss, grad norm                   forward+backward, batch split over DP, micro-batches through PP
-Rank 0 prints one JSON line per layout (prefixed with RESULT) and the process exits 1 above tolerance.
+It reports one result per layout; one above tolerance ("passed": false) makes the run exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
@@ -162,8 +160,8 @@ def check_layout(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str]) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="megarl.models.verify", description=__doc__)
     parser.add_argument("--hf", required=True, action="append", help="HF checkpoint dir (repeatable)")
     parser.add_argument("--layouts", default="tp1pp1", help="comma-separated, e.g. tp1pp1,tp2pp1,tp1pp2")
     parser.add_argument("--tolerance", type=float, default=5e-5)
@@ -172,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    env = init_distributed()
-    ok = True
+    results = []
     for hf_dir in args.hf:
         arch = ModelArchitecture.from_pretrained(hf_dir)
         reader = HFCheckpointReader(hf_dir)
@@ -181,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = hf_reference(hf_dir, arch, tokens)
         for text in args.layouts.split(","):
             start = time.perf_counter()
-            result = check_layout(parse_layout(text, env.world_size), arch, reader, tokens, ref)
+            result = check_layout(parse_layout(text, dist.get_world_size()), arch, reader, tokens, ref)
             result.update(
                 model=hf_dir,
                 family=arch.family,
@@ -191,13 +188,5 @@ def main(argv: list[str] | None = None) -> int:
                 and result["grad_norm_rel_diff"] <= 1e-4,
                 seconds=round(time.perf_counter() - start, 2),
             )
-            ok &= result["passed"]
-            if env.rank == 0:
-                report(result)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            results.append(result)
+    return results

@@ -6,7 +6,6 @@ dispatch as Ray), and rank 0 reports per-layout numbers against transformers fp3
 
 from __future__ import annotations
 
-import sys
 import tempfile
 
 import torch
@@ -17,7 +16,6 @@ from megarl.config.schema import MegarlConfig
 from megarl.controller.spmd import SPMDWorkerGroup
 from megarl.controller.worker import WorkerError
 from megarl.data.batching import balance_for_dp
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 from megarl.workers.critic import CriticWorker
 from megarl.workers.policy import PolicyWorker
@@ -195,8 +193,8 @@ def check_offload(actor: SPMDWorkerGroup, batch: Batch, before: torch.Tensor) ->
     }
 
 
-def main() -> int:
-    policy, reward, part = sys.argv[1:4]
+def main(argv: list[str]) -> dict:
+    policy, reward, part = argv
     from transformers import AutoConfig
 
     batch = rollout_batch(AutoConfig.from_pretrained(policy).vocab_size)
@@ -214,8 +212,4 @@ def main() -> int:
             }
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from megarl.controller.spmd import SPMDWorkerGroup
 from megarl.controller.worker import WorkerError
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.distributed.layout import ParallelLayout
 from megarl.protocol import Batch
 from tests.helpers.workers import EchoWorker
 
 
-def main() -> int:
+def main(argv: list[str]) -> dict:
     results: dict = {}
     for name, sizes in {"tp2dp2": {"tp": 2}, "pp2dp2": {"pp": 2}}.items():
         group = SPMDWorkerGroup(EchoWorker, "echo", {"layout_kwargs": sizes})
@@ -49,8 +46,4 @@ def main() -> int:
     out = gen.gen_tag(Batch(tensors={"x": torch.arange(10)}))
     results["gen_dp_compute"] = {"x": out["x"].tolist(), "gen_dp_rank": out["gen_dp_rank"].tolist()}
 
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results
