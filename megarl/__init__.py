@@ -1,3 +1,58 @@
-"""megarl: Megatron-native reinforcement-learning post-training for large language models."""
+"""megarl: Megatron-native reinforcement-learning post-training for large language models.
+
+The public Python API is importable from here; each name loads its module on first use, so that
+`import megarl` stays cheap and imports neither torch, megatron nor ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_config": "megarl.config.load",
+    "ConfigError": "megarl.config.errors",
+    "MegarlConfig": "megarl.config.schema",
+    "ParallelLayout": "megarl.distributed.layout",
+    "Batch": "megarl.protocol",
+    "Dispatch": "megarl.controller.dispatch",
+    "register": "megarl.controller.dispatch",
+    "Worker": "megarl.controller.worker",
+    "WorkerError": "megarl.controller.worker",
+}
+
+__all__ = [
+    "Batch",
+    "ConfigError",
+    "Dispatch",
+    "MegarlConfig",
+    "ParallelLayout",
+    "Worker",
+    "WorkerError",
+    "__version__",
+    "load_config",
+    "register",
+]
+
+if TYPE_CHECKING:
+    from megarl.config.errors import ConfigError
+    from megarl.config.load import load_config
+    from megarl.config.schema import MegarlConfig
+    from megarl.controller.dispatch import Dispatch, register
+    from megarl.controller.worker import Worker, WorkerError
+    from megarl.distributed.layout import ParallelLayout
+    from megarl.protocol import Batch
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'megarl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -47,12 +47,12 @@ def _check_launch(
         raise UsageError(str(ConfigError(problems)).replace("invalid megarl config", "invalid layout"))
 
 
-def _launch(module: str, args: list[str], nproc: int) -> dict:
-    from megarl.distributed.launch import run_torchrun
+def _launch(program: str, argv: list[str], nproc: int) -> dict:
+    from megarl.distributed.rank_program import launch_rank_program
 
-    result = run_torchrun(module, args, nproc)
+    result = launch_rank_program(program, argv, nproc)
     if result.returncode != 0 and not result.results:
-        raise UsageError(f"{module} failed on {nproc} rank(s):\n{result.failure_summary()}")
+        raise UsageError(f"{program} failed on {nproc} rank(s):\n{result.failure_summary()}")
     return {"returncode": result.returncode, "results": result.results}
 
 
@@ -74,7 +74,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    module = "megarl.models.convert.worker"
+    program = "megarl.models.convert.rank_convert"
     if Path(args.out).exists() and not args.overwrite:
         raise UsageError(
             f"--out {args.out} already exists; remove it, choose another --out or pass --overwrite"
@@ -95,12 +95,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         worker_args += ["--vpp", str(args.vpp)] if args.vpp else []
         worker_args += ["--dtype", args.dtype] if args.dtype else []
         worker_args += ["--overwrite"] if args.overwrite else []
-        outcome = _launch(module, worker_args, args.tp * args.pp)
+        outcome = _launch(program, worker_args, args.tp * args.pp)
     else:
         from megarl.models.convert.mcore_checkpoint import read_meta
 
         read_meta(args.ckpt)
-        outcome = _launch(module, ["mcore-to-hf", "--ckpt", args.ckpt, "--out", args.out], 1)
+        outcome = _launch(program, ["mcore-to-hf", "--ckpt", args.ckpt, "--out", args.out], 1)
     for result in outcome["results"]:
         print(json.dumps(result))
     return outcome["returncode"]
@@ -132,7 +132,8 @@ def cmd_verify_model(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from megarl.bench import dispatch
 
-    return dispatch.main(["--out", args.out, "--repeats", str(args.repeats)])
+    print(json.dumps(dispatch.run(Path(args.out), args.repeats), indent=2))
+    return 0
 
 
 def cmd_bench_microbatch(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from megarl.distributed.launch import run_torchrun
+from megarl.distributed.rank_program import launch_rank_program
 
 LAYOUTS = "tp1pp1,tp2pp1,tp1pp2,tp2pp2"
 
@@ -47,7 +47,7 @@ def run_quickstart(out: Path) -> int:
 
     start = _step(2, f"megatron vs transformers at {LAYOUTS} on 4 ranks (gloo, fp32)")
     args = [a for path in models.values() for a in ("--hf", str(path))] + ["--layouts", LAYOUTS]
-    verify = run_torchrun("megarl.models.verify", args, nproc=4)
+    verify = launch_rank_program("megarl.models.verify", args, nproc=4)
     if not verify.results:
         print(verify.failure_summary())
         return 1
@@ -63,13 +63,13 @@ def run_quickstart(out: Path) -> int:
 
     start = _step(3, "qwen2: HF -> megatron dist-checkpoint (TP2xPP2) -> HF")
     ckpt, back = out / "qwen2_mcore_tp2pp2", out / "qwen2_hf_roundtrip"
-    to_mcore = run_torchrun(
-        "megarl.models.convert.worker",
+    to_mcore = launch_rank_program(
+        "megarl.models.convert.rank_convert",
         ["hf-to-mcore", "--hf", str(models["qwen2"]), "--out", str(ckpt), "--tp", "2", "--pp", "2"],
         nproc=4,
     )
-    to_hf = run_torchrun(
-        "megarl.models.convert.worker", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(back)], 1
+    to_hf = launch_rank_program(
+        "megarl.models.convert.rank_convert", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(back)], 1
     )
     identical = (
         to_mcore.returncode == 0 and to_hf.returncode == 0 and round_trip_identical(models["qwen2"], back)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.distributed.launch import LaunchResult, run_torchrun
+from megarl.distributed.rank_program import LaunchResult, launch_rank_program
 
 # Larger-than-default init so logits are O(1-10): conversion mistakes then show up far above tolerance.
 PARITY_INIT = {"initializer_range": 0.1}
@@ -34,14 +34,15 @@ def tiny_reward_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def torchrun():
-    """torchrun(module, args, nproc) -> LaunchResult; fails the test with the ranks' errors if it crashed."""
+    """torchrun(program, args, nproc) -> LaunchResult of the rank program "module[:function]" (see
+    megarl.distributed.rank_program); fails the test with the ranks' errors if it crashed."""
 
     def launch(
-        module: str, args: list[str], nproc: int, timeout: float = 240, check: bool = True
+        program: str, args: list[str], nproc: int, timeout: float = 240, check: bool = True
     ) -> LaunchResult:
-        result = run_torchrun(module, [str(a) for a in args], nproc, timeout=timeout)
+        result = launch_rank_program(program, [str(a) for a in args], nproc, timeout=timeout)
         if check and result.returncode != 0:
-            pytest.fail(f"{module} exited {result.returncode}:\n{result.failure_summary()}")
+            pytest.fail(f"{program} exited {result.returncode}:\n{result.failure_summary()}")
         return result
 
     return launch

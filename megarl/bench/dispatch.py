@@ -8,10 +8,8 @@ Writes one JSON file with the median seconds per size and the Ray/SPMD ratio.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -63,24 +61,20 @@ def bench_ray(repeats: int) -> dict[str, float]:
             return time_round_trips(group.identity, repeats)
 
 
-def bench_spmd_rank(repeats: int) -> None:
-    """Rank code under torchrun."""
-    import torch.distributed as dist
-
+def bench_spmd_rank(spec: dict) -> dict:
+    """The rank program of the SPMD half (megarl.distributed.rank_program)."""
     from megarl.controller.group import make_worker_group
-    from megarl.distributed.launch import report
 
     group = make_worker_group("spmd", None, EchoBenchWorker, "bench")
-    result = time_round_trips(group.identity, repeats)
-    if dist.get_rank() == 0:
-        report(result)
+    result = time_round_trips(group.identity, spec["repeats"])
     group.shutdown()
+    return result
 
 
 def run(out: Path, repeats: int = 5) -> dict:
-    from megarl.distributed.launch import run_torchrun
+    from megarl.distributed.rank_program import launch_rank_program
 
-    spmd = run_torchrun("megarl.bench.dispatch", ["--spmd-rank", "--repeats", str(repeats)], nproc=2)
+    spmd = launch_rank_program("megarl.bench.dispatch:bench_spmd_rank", {"repeats": repeats}, nproc=2)
     if not spmd.results:
         raise RuntimeError(f"SPMD benchmark failed:\n{spmd.failure_summary()}")
     result = {
@@ -92,20 +86,3 @@ def run(out: Path, repeats: int = 5) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="outputs/bench/dispatch.json")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--spmd-rank", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.spmd_rank:
-        bench_spmd_rank(args.repeats)
-    else:
-        print(json.dumps(run(Path(args.out), args.repeats), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+# what the ranks read from the command line's settings
+RANK_SETTINGS = ("tp", "repeats", "rows", "prompt", "response", "micro_batch_size")
 
 
 def skewed_batch(vocab: int, rows: int, prompt: int, response: int, seed: int = 0):
@@ -66,18 +68,18 @@ def _median_seconds(fn, arg, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def bench_rank(args: argparse.Namespace) -> None:
-    """Rank code under torchrun."""
+def bench_rank(spec: dict) -> dict:
+    """The rank program (megarl.distributed.rank_program); `spec` holds the settings `run` passes."""
     import torch
 
     from megarl.config.roles import role_spec
     from megarl.controller.group import make_worker_group
-    from megarl.distributed.launch import report_from_rank_zero
     from megarl.models.from_hf import ModelArchitecture
     from megarl.protocol import Batch
     from megarl.workers.actor import ActorWorker
     from megarl.workers.sequences import sequences_from_batch
 
+    args = argparse.Namespace(**spec)
     arch = ModelArchitecture.from_pretrained(args.hf)
     batch = skewed_batch(arch.vocab_size, args.rows, args.prompt, args.response)
     lengths = batch["attention_mask"].sum(-1)
@@ -111,21 +113,19 @@ def bench_rank(args: argparse.Namespace) -> None:
         "log_prob": result["padded"]["log_prob_seconds"] / result["packed"]["log_prob_seconds"],
         "update": result["padded"]["update_seconds"] / result["packed"]["update_seconds"],
     }
-    report_from_rank_zero(result)
+    return result
 
 
 def run(args: argparse.Namespace) -> dict:
-    from megarl.distributed.launch import run_torchrun
+    from megarl.distributed.rank_program import launch_rank_program
 
     hf = args.hf
     if hf is None:
         from megarl.models.tiny import build_tiny_hf
 
         hf = str(build_tiny_hf(Path(tempfile.mkdtemp()) / "qwen2", family="qwen2"))
-    rank_args = ["--rank-code", "--hf", hf, "--tp", str(args.tp), "--repeats", str(args.repeats)]
-    rank_args += ["--rows", str(args.rows), "--prompt", str(args.prompt), "--response", str(args.response)]
-    rank_args += ["--micro-batch-size", str(args.micro_batch_size)]
-    launch = run_torchrun("megarl.bench.microbatch", rank_args, nproc=args.nproc)
+    spec = {name: getattr(args, name) for name in RANK_SETTINGS} | {"hf": hf}
+    launch = launch_rank_program("megarl.bench.microbatch:bench_rank", spec, nproc=args.nproc)
     if not launch.results:
         raise RuntimeError(f"microbatch benchmark failed:\n{launch.failure_summary()}")
     result = {
@@ -153,19 +153,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="outputs/bench/microbatch.json")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_arguments(parser)
-    parser.add_argument("--rank-code", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.rank_code:
-        bench_rank(args)
-    else:
-        print(json.dumps(run(args), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,10 +11,11 @@ picks one.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
+
+# what the ranks read from the command line's settings
+RANK_SETTINGS = ("hf", "tp", "pp", "gen_tp", "repeats", "dtype", "bucket_mib", "naive", "zero_only", "engine")
 
 
 def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dict:
@@ -48,16 +49,16 @@ def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dic
     }
 
 
-def bench_rank(args: argparse.Namespace) -> None:
-    """Rank code under torchrun."""
+def bench_rank(spec: dict) -> dict:
+    """The rank program (megarl.distributed.rank_program); `spec` holds the settings `run` passes."""
     import torch.distributed as dist
 
     from megarl.config.roles import role_spec, rollout_spec
     from megarl.config.schema import MegarlConfig
     from megarl.distributed.generation_plan import GenerationPlan
-    from megarl.distributed.launch import report_from_rank_zero
     from megarl.workers.reference import ReferenceWorker
 
+    args = argparse.Namespace(**spec)
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = args.hf, args.dtype
     cfg.actor.parallel.tp, cfg.actor.parallel.pp = args.tp, args.pp
@@ -86,7 +87,7 @@ def bench_rank(args: argparse.Namespace) -> None:
         result[path] = everyone
     if engine is not None:
         engine.close()
-    report_from_rank_zero(result)
+    return result
 
 
 def _model_bytes(worker) -> int:
@@ -125,14 +126,10 @@ def summarize(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from megarl.distributed.launch import run_torchrun
+    from megarl.distributed.rank_program import launch_rank_program
 
-    rank_args = ["--rank-code", "--hf", args.hf, "--tp", str(args.tp), "--pp", str(args.pp)]
-    rank_args += ["--gen-tp", str(args.gen_tp), "--repeats", str(args.repeats), "--dtype", args.dtype]
-    rank_args += ["--bucket-mib", str(args.bucket_mib)]
-    rank_args += ["--naive"] if args.naive else ["--zero-only"] if args.zero_only else []
-    rank_args += ["--engine"] if args.engine else []
-    launch = run_torchrun("megarl.bench.reshard", rank_args, nproc=args.nproc)
+    spec = {name: getattr(args, name) for name in RANK_SETTINGS}
+    launch = launch_rank_program("megarl.bench.reshard:bench_rank", spec, nproc=args.nproc)
     if not launch.results:
         raise RuntimeError(f"reshard benchmark failed:\n{launch.failure_summary()}")
     return {"nproc": args.nproc, "tp": args.tp, "pp": args.pp, "gen_tp": args.gen_tp, **launch.results[0]}
@@ -151,20 +148,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--engine", action="store_true", help="also push every bucket into a vLLM engine")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_arguments(parser)
-    parser.add_argument("--rank-code", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.rank_code:
-        bench_rank(args)
-        return 0
-    result = run(args)
-    print(json.dumps(result, indent=2) if args.json else summarize(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,8 +33,6 @@ RewardKind = Literal["classifier", "embedding_similarity"]
 Launcher = Literal["ray", "torchrun"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 
-ROLES = ("actor", "critic", "ref", "reward")
-
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     """Vocabulary size after Megatron's padding: `vocab_size` rounded up to a multiple of divisible_by·tp."""

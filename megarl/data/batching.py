@@ -93,9 +93,8 @@ def micro_batches_by_tokens(
     Starts from the lower bound ceil(sum / max_tokens) (or `min_count` if larger) and adds one micro-batch
     at a time until a balanced partition fits the budget; every micro-batch holds at least one sequence.
 
-    All DP ranks must run the same number of micro-batches in a pipeline schedule, so a worker calls this
-    once on its own rows, all-reduces the maximum of len(result) over the DP group, and calls it again
-    with `min_count` set to that maximum. Ranks given equally many rows (`dp_balance_order`) always can.
+    `min_count` is a floor for callers that need a given count. The workers pass none: DP ranks may run
+    different counts, since each runs its own pipeline schedule and gradients are reduced once per step.
     """
     lengths = _as_lengths(lengths)
     if max_tokens <= 0:

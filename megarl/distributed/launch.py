@@ -1,15 +1,11 @@
-"""Launch a megarl module on N local ranks with torchrun and collect what rank 0 reports."""
+"""Start a module on N local ranks with torchrun (megarl.distributed.rank_program builds on this)."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
-
-RESULT_PREFIX = "RESULT "
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -19,20 +15,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-@dataclass
-class LaunchResult:
-    returncode: int
-    results: list[dict]  # the JSON objects rank 0 printed after RESULT_PREFIX
-    output: str  # everything the ranks printed (stdout + stderr)
-
-    def failure_summary(self, lines: int = 25) -> str:
-        """The ranks' own error lines, without torchrun's launcher traceback."""
-        picked = [ln for ln in self.output.splitlines() if ln.startswith("[rank") or "Error" in ln]
-        picked = [ln for ln in picked if "Warning" not in ln] or self.output.splitlines()
-        return "\n".join(picked[-lines:])
-
-
-def run_torchrun(module: str, args: list[str], nproc: int, timeout: float | None = None) -> LaunchResult:
+def run_torchrun(
+    module: str, args: list[str], nproc: int, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """Run `python -m module args` on `nproc` local ranks (gloo/nccl set up by the module itself)."""
     cmd = [
         sys.executable,
@@ -46,26 +31,4 @@ def run_torchrun(module: str, args: list[str], nproc: int, timeout: float | None
         *args,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    output = proc.stdout + proc.stderr
-    results = [
-        json.loads(ln[len(RESULT_PREFIX) :])
-        for ln in proc.stdout.splitlines()
-        if ln.startswith(RESULT_PREFIX)
-    ]
-    return LaunchResult(proc.returncode, results, output)
-
-
-def report(result: dict) -> None:
-    """Rank code calls this to hand one JSON-serialisable result back to the launcher."""
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
-def report_from_rank_zero(result: dict) -> int:
-    """Rank 0 hands `result` to the launcher and every rank waits for it; returns 0, the exit code."""
-    import torch.distributed as dist
-
-    if dist.get_rank() == 0:
-        report(result)
-    dist.barrier()
-    return 0
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -38,8 +38,3 @@ def wrap_ddp(
     config.no_sync_func = wrapped[0].no_sync if len(wrapped) == 1 else [w.no_sync for w in wrapped]
     config.finalize_model_grads_func = finalize_model_grads
     return wrapped
-
-
-def zero_grads(chunks: list[torch.nn.Module]) -> None:
-    for chunk in chunks:
-        chunk.zero_grad_buffer()

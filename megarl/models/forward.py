@@ -116,25 +116,3 @@ def run_microbatches(
         micro_batch_size=batch,
         forward_only=forward_only,
     )
-
-
-def grad_norm(chunks: list[torch.nn.Module]) -> float:
-    """Global L2 norm of .grad over the whole model, counting TP-replicated and tied params once."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-    from megatron.core.transformer.module import param_is_not_shared
-
-    total = torch.zeros((), dtype=torch.float64)
-    for chunk in chunks:
-        for param in chunk.parameters():
-            grad = getattr(param, "main_grad", None)
-            grad = param.grad if grad is None else grad
-            if (
-                grad is not None
-                and param_is_not_shared(param)
-                and param_is_not_tensor_parallel_duplicate(param)
-            ):
-                total += grad.double().pow(2).sum()
-    dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
-    return total.sqrt().item()

@@ -1,30 +1,28 @@
 """Check a HF -> megatron conversion numerically: logits, loss and gradient norm against transformers.
 
-Runs under torchrun (`megarl verify-model` launches it). For every requested layout it builds the
-megatron model, loads the HF weights, and compares with the HF model in fp32 on the same batch:
+A rank program (megarl.distributed.rank_program; `megarl verify-model` launches it). For every requested
+layout it builds the megatron model, loads the HF weights, and compares with the HF model in fp32 on the
+same batch:
   max |Δlogits|                     forward only, full vocabulary gathered over TP
   loss, grad norm                   forward+backward, batch split over DP, micro-batches through PP
-Rank 0 prints one JSON line per layout (prefixed with RESULT) and the process exits 1 above tolerance.
+It reports one result per layout; one above tolerance ("passed": false) makes the run exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
-from megarl.models.ddp import wrap_ddp, zero_grads
-from megarl.models.forward import gather_logits, grad_norm, run_microbatches, vocab_parallel_log_probs
+from megarl.models.ddp import wrap_ddp
+from megarl.models.forward import gather_logits, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
 
 
@@ -74,6 +72,23 @@ def _full_output(out: torch.Tensor, arch: ModelArchitecture) -> torch.Tensor:
     return out if arch.head == "scalar" else gather_logits(out, arch.vocab_size)
 
 
+def megatron_grad_norm(chunks: list[torch.nn.Module]) -> float:
+    """The global gradient norm as megatron's optimizer measures it: TP-replicated and tied parameters
+    counted once, summed over the model-parallel group."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
+
+    grads = [
+        p.main_grad
+        for chunk in chunks
+        for p in chunk.parameters()
+        if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)
+    ]
+    return get_grad_norm_fp32(grads, grad_stats_parallel_group=ps.get_model_parallel_group())
+
+
 def check_layout(
     layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict
 ) -> dict:
@@ -99,7 +114,8 @@ def check_layout(
     # Forward + backward: the batch split over DP ranks, one sequence per micro-batch; megatron's DDP
     # averages over DP and finalizes tied-embedding, sequence-parallel and q/k-norm gradients.
     chunks = wrap_ddp(chunks)
-    zero_grads(chunks)
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
     dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
     mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
     microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
@@ -117,7 +133,7 @@ def check_layout(
     outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
     loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)
     dist.all_reduce(loss, group=ps.get_data_parallel_group())
-    norm = grad_norm(chunks)
+    norm = megatron_grad_norm(chunks)
     hf_grads = to_hf_tensors(full_megatron_tensors(chunks, arch, grads=True), arch)
     grad_diff = max((g - ref["grads"][name]).abs().max() for name, g in hf_grads)
 
@@ -144,8 +160,8 @@ def check_layout(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str]) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="megarl.models.verify", description=__doc__)
     parser.add_argument("--hf", required=True, action="append", help="HF checkpoint dir (repeatable)")
     parser.add_argument("--layouts", default="tp1pp1", help="comma-separated, e.g. tp1pp1,tp2pp1,tp1pp2")
     parser.add_argument("--tolerance", type=float, default=5e-5)
@@ -154,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    env = init_distributed()
-    ok = True
+    results = []
     for hf_dir in args.hf:
         arch = ModelArchitecture.from_pretrained(hf_dir)
         reader = HFCheckpointReader(hf_dir)
@@ -163,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = hf_reference(hf_dir, arch, tokens)
         for text in args.layouts.split(","):
             start = time.perf_counter()
-            result = check_layout(parse_layout(text, env.world_size), arch, reader, tokens, ref)
+            result = check_layout(parse_layout(text, dist.get_world_size()), arch, reader, tokens, ref)
             result.update(
                 model=hf_dir,
                 family=arch.family,
@@ -173,13 +188,5 @@ def main(argv: list[str] | None = None) -> int:
                 and result["grad_norm_rel_diff"] <= 1e-4,
                 seconds=round(time.perf_counter() - start, 2),
             )
-            ok &= result["passed"]
-            if env.rank == 0:
-                report(result)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            results.append(result)
+    return results

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
@@ -16,9 +12,8 @@ from megarl.models.forward import run_microbatches
 from megarl.models.from_hf import ModelArchitecture
 
 
-def main() -> int:
-    init_distributed()
-    hf_dir = sys.argv[1]
+def main(argv: list[str]) -> dict:
+    hf_dir = argv[0]
     arch = ModelArchitecture.from_pretrained(hf_dir).with_scalar_head()
     ParallelLayout(world_size=1).initialize()
     chunks = build_model_chunks(arch, ParallelLayout(world_size=1))
@@ -31,19 +26,12 @@ def main() -> int:
         lambda mb, out: (out.sum() * 0, {"shape": list(out.shape)}),
         forward_only=True,
     )
-    report(
-        {
-            "loaded": loaded,
-            "params": len(list(model.parameters())),
-            "embedding_equal": torch.equal(
-                model.embedding.word_embeddings.weight[:1001], reader.get("model.embed_tokens.weight")
-            ),
-            "head_std": model.output_layer.weight.std().item(),
-            "output_shape": outs[0]["shape"],
-        }
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {
+        "loaded": loaded,
+        "params": len(list(model.parameters())),
+        "embedding_equal": torch.equal(
+            model.embedding.word_embeddings.weight[:1001], reader.get("model.embed_tokens.weight")
+        ),
+        "head_std": model.output_layer.weight.std().item(),
+        "output_shape": outs[0]["shape"],
+    }

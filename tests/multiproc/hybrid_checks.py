@@ -9,7 +9,6 @@ really runs the updated weights. Rank 0 reports per case.
 from __future__ import annotations
 
 import re
-import sys
 
 import torch
 import torch.distributed as dist
@@ -17,7 +16,6 @@ import torch.distributed as dist
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.controller.group import make_worker_group
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 
@@ -90,15 +88,11 @@ def run_case(model: str, case: str) -> dict:
     return result
 
 
-def main() -> int:
-    model, cases = sys.argv[1], sys.argv[2:]
+def main(argv: list[str]) -> dict:
+    model, cases = argv[0], argv[1:]
     results = {case: run_case(model, case) for case in cases}
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, {c: r["engine_ranks"] for c, r in results.items()})
     for case in cases:
         results[case]["engine_ranks"] = [r[case] for r in ranks]
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

@@ -7,7 +7,6 @@ against transformers fp32 references.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 
 import torch
@@ -19,7 +18,6 @@ from megarl.config.schema import MegarlConfig
 from megarl.controller.group import WorkerGroup, make_colocated_groups, make_worker_group
 from megarl.controller.worker import WorkerError
 from megarl.data.batching import balance_for_dp
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
@@ -205,8 +203,8 @@ def check_offload(actor: WorkerGroup, batch: Batch, before: torch.Tensor) -> dic
     }
 
 
-def main() -> int:
-    policy, reward, part = sys.argv[1:4]
+def main(argv: list[str]) -> dict:
+    policy, reward, part = argv
     from transformers import AutoConfig
 
     batch = rollout_batch(AutoConfig.from_pretrained(policy).vocab_size)
@@ -224,8 +222,4 @@ def main() -> int:
             }
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

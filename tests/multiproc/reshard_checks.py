@@ -7,15 +7,12 @@ HF checkpoint, bit for bit; and counts bytes received against the plan's floor, 
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as dist
 
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.generation_plan import GenerationPlan
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.hybrid.reshard import Resharder, ReshardStats
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.workers.reference import ReferenceWorker
@@ -89,13 +86,9 @@ def _world_max(value: float) -> float:
     return t.item()
 
 
-def main() -> int:
-    hf_dir = sys.argv[1]
+def main(argv: list[str]) -> dict:
+    hf_dir = argv[0]
     results = {}
     for (tp, pp), gen_tps in CASES.items():
         results.update(check(hf_dir, tp, pp, gen_tps))
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

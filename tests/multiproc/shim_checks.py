@@ -6,15 +6,12 @@ re-apply it, run the check again (expect success). Rank 0 reports {shim: [failed
 
 from __future__ import annotations
 
-import sys
 import tempfile
 
 import torch
 import torch.distributed as dist
 
 from megarl.distributed import cpu_shims
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.forward import run_microbatches
@@ -112,8 +109,7 @@ def _outcome(check) -> tuple[bool, str]:
     return bool(flags.item()), ok[1]
 
 
-def main() -> int:
-    init_distributed()
+def main(argv: list[str]) -> dict:
     assert set(CHECKS) == set(cpu_shims.SHIMS), "every shim needs a check"
     results = {}
     for name, check in CHECKS.items():
@@ -128,8 +124,4 @@ def main() -> int:
             "error_with": error_with,
         }
         ParallelLayout.destroy()
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

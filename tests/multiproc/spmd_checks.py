@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from megarl.controller.group import make_colocated_groups, make_worker_group
 from megarl.controller.spmd import SPMDWorkerGroup
 from megarl.controller.worker import WorkerError
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.distributed.layout import ParallelLayout
 from megarl.protocol import Batch
 from tests.helpers.workers import EchoWorker, KeepWorldWorker
 
 
-def main() -> int:
+def main(argv: list[str]) -> dict:
     results: dict = {}
     for name, sizes in {"tp2dp2": {"tp": 2}, "pp2dp2": {"pp": 2}}.items():
         group = SPMDWorkerGroup(None, EchoWorker, "echo", {"layout_kwargs": sizes})
@@ -74,9 +71,4 @@ def main() -> int:
         results["colocated_after_shutdown"] = str(e)
     results["colocated_alive"] = [policy.alive, ref.alive]
     results["colocated_shutdowns"] = KeepWorldWorker.shutdowns
-
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return results

@@ -47,13 +47,13 @@ def test_actor_and_reference_groups_expose_only_their_roles_methods(checks, layo
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_first_update_loss_is_minus_the_token_mean_advantage(checks, layout):
     # old_log_probs = current log-probs, so every ratio is 1 and nothing is clipped.
-    assert checks[layout]["pg_loss"] == pytest.approx(checks[layout]["hand_pg_loss"], abs=1e-6)
+    assert checks[layout]["pg_loss"] == pytest.approx(checks[layout]["hand_pg_loss"], abs=1e-5)
 
 
 def test_update_gives_the_same_loss_and_grad_norm_for_every_layout(checks):
     base = checks["tp1pp1"]
     for layout in LAYOUTS[1:]:
-        assert checks[layout]["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-6), layout
+        assert checks[layout]["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-5), layout
         assert checks[layout]["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5), layout
         assert checks[layout]["critic_grad_norm"] == pytest.approx(base["critic_grad_norm"], rel=1e-5), layout
 
@@ -80,7 +80,7 @@ def test_megatron_reward_model_scores_the_last_token_like_transformers(checks, l
 def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batching, variant):
     got, base = batching[variant], checks["tp2pp1"]
     assert got["log_prob_max_abs_diff"] <= LOG_PROB_TOL
-    assert got["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-6)
+    assert got["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-5)
     assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multiproc
 PROMPTS = ["What is 2 + 3?", "Name a colour.", "Solve 10 - 4.", "Say hi.", "Is 7 prime?"]
 RESPONSES = ["2 + 3 = 5", "Blue is a colour.", "The result is 6.", "Hello!", "Yes, 7 is prime."]
 TRUTH = ["5", "Red.", "6", "Hi there!", "7 is a prime number."]
-TOLERANCE = {"classifier": 1e-6, "embedding_similarity": 1e-5}  # padding differs per micro-batch
+TOLERANCE = {"classifier": 1e-5, "embedding_similarity": 1e-5}  # padding differs per micro-batch
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def hand_lr(step: int, lr: float, min_lr: float, warmup: int, total: int, style:
 def test_distributed_optimizer_on_and_off_give_the_same_parameters(adam):
     assert adam["max_param_change"] > 1e-3, "the steps barely moved the parameters"
     assert adam["dist_opt_vs_plain_max_param_diff"] <= 1e-6
-    assert adam["losses"]["True"] == pytest.approx(adam["losses"]["False"], abs=1e-7)
+    assert adam["losses"]["True"] == pytest.approx(adam["losses"]["False"], rel=1e-5)
 
 
 def test_adam_steps_match_torch_adamw_on_the_whole_batch(adam):

@@ -1,24 +1,20 @@
 """Rank code for test_train_state: megatron's optimizer at DP2, and offloading the training state.
 
-Run under torchrun with 2 ranks (TP1 PP1 DP2):
-    python -m tests.multiproc.train_state_checks DIR [CHECK ...]
-DIR is where the disk target writes; CHECKs (names without check_) pick a subset. Rank 0 reports one
-RESULT per check: {"check": name, "seconds": ..., ...numbers}. The independent reference for the
+A rank program (megarl.distributed.rank_program) on 2 ranks (TP1 PP1 DP2), argv: DIR [CHECK ...].
+DIR is where the disk target writes; CHECKs (names without check_) pick a subset. It reports one
+result per check: {"check": name, "seconds": ..., ...numbers}. The independent reference for the
 optimizer is torch.optim.AdamW on an unwrapped copy of the model over the whole global batch, with
 the learning rate computed by hand.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 from megarl.config.schema import OptimizerConfig
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.hybrid.offload import (
     DiskFiles,
@@ -442,22 +438,15 @@ OFFLOAD_CHECKS = [
 ]
 
 
-def main(argv: list[str]) -> int:
-    init_distributed()
+def main(argv: list[str]) -> list[dict]:
     directory, only = argv[0], set(argv[1:])
+    results = []
     for check in OPTIMIZER_CHECKS + OFFLOAD_CHECKS:
         name = check.__name__.removeprefix("check_")
         if only and name not in only:
             continue
         start = time.perf_counter()
         result = check(directory) if check in OFFLOAD_CHECKS else check()
-        if dist.get_rank() == 0:
-            report({"check": name, "seconds": round(time.perf_counter() - start, 2), **result})
+        results.append({"check": name, "seconds": round(time.perf_counter() - start, 2), **result})
         ParallelLayout.destroy()
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    return results

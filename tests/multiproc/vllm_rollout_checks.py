@@ -9,7 +9,6 @@ log-probs, a weight push under TP, and Megatron's groups after the engine is clo
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
 import psutil
@@ -18,8 +17,6 @@ import torch.distributed as dist
 
 from megarl.config.roles import RolloutSpec, rollout_spec
 from megarl.config.schema import MegarlConfig
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report_from_rank_zero
 from megarl.protocol import Batch
 
 N_PROMPTS, PROMPT, RESPONSE = 4, 8, 10
@@ -292,12 +289,6 @@ def gather(value):
     return values
 
 
-def main() -> int:
-    model, perturbed, part = sys.argv[1:4]
-    init_distributed()
-    results = check_single(model, perturbed) if part == "single" else check_tp(model, perturbed)
-    return report_from_rank_zero(results)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str]) -> dict:
+    model, perturbed, part = argv
+    return check_single(model, perturbed) if part == "single" else check_tp(model, perturbed)

@@ -51,7 +51,7 @@ def test_low_var_kl_gradient_stays_finite_far_from_the_reference():
     kl.sum().backward()
     assert kl[0].item() == 10.0 and torch.isfinite(logp.grad).all()
     # in range, d/dlogp of exp(ref − logp) − (ref − logp) − 1 = 1 − exp(ref − logp)
-    assert logp.grad[2].item() == pytest.approx(1 - math.exp(-0.2), rel=1e-6)
+    assert logp.grad[2].item() == pytest.approx(1 - math.exp(-0.2), rel=1e-5)
 
 
 def test_unknown_estimator_is_named():

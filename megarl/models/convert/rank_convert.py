@@ -1,15 +1,14 @@
-"""Rank code of `megarl convert` (launched by torchrun): HF <-> megarl megatron checkpoints."""
+"""The rank program of `megarl convert` (megarl.distributed.rank_program): HF <-> megarl megatron
+checkpoints. Its spec is an argv: `hf-to-mcore --hf DIR --out DIR --tp N --pp N ...` or
+`mcore-to-hf --ckpt DIR --out DIR`."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import torch.distributed as dist
 
-from megarl.distributed.backend import init_distributed
-from megarl.distributed.launch import report
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert import mcore_checkpoint as ckpt
@@ -65,8 +64,8 @@ def mcore_to_hf(args: argparse.Namespace) -> dict:
     return {"out": str(args.out), "from": str(args.ckpt), "dtype": meta["dtype"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="megarl.models.convert.rank_convert", description=__doc__)
     sub = parser.add_subparsers(dest="mode", required=True)
     to_mcore = sub.add_parser("hf-to-mcore")
     to_mcore.add_argument("--hf", required=True)
@@ -82,16 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     to_hf.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
-    init_distributed()
     start = time.perf_counter()
     result = (hf_to_mcore if args.mode == "hf-to-mcore" else mcore_to_hf)(args)
     result["seconds"] = round(time.perf_counter() - start, 2)
-    if dist.get_rank() == 0:
-        report(result)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return result

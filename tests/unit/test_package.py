@@ -1,0 +1,31 @@
+"""`import megarl`: cheap (no torch, megatron or ray), and every exported name resolves."""
+
+import subprocess
+import sys
+
+import pytest
+
+import megarl
+
+pytestmark = pytest.mark.unit
+
+
+def test_import_megarl_loads_no_heavy_framework():
+    code = "import sys, megarl; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'ray'}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_all_lists_exactly_the_lazy_exports():
+    assert set(megarl.__all__) == {"__version__", *megarl._EXPORTS}
+
+
+@pytest.mark.parametrize("name", megarl.__all__)
+def test_every_exported_name_resolves(name):
+    assert getattr(megarl, name) is not None
+    assert name in dir(megarl)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'PPOTrainer'"):
+        megarl.PPOTrainer  # noqa: B018
