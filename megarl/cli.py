@@ -5,7 +5,11 @@ megarl tiny-model --out DIR [--family F]      a tiny random HF model + tokenizer
 megarl convert hf-to-mcore --hf DIR --out DIR --tp N --pp N
 megarl convert mcore-to-hf --ckpt DIR --out DIR
 megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
-megarl quickstart [--out DIR]                 the end-to-end check of everything built so far
+megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
+megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
+megarl data make TASK --out DIR               a locally generated verifiable task, in verl's schema
+megarl quickstart [--out DIR]                 tiny model -> SFT warm-start -> GRPO, on 2 CPU processes
+megarl parity-check [--out DIR]               Megatron vs transformers at 4 layouts, checkpoint round trip
 """
 
 from __future__ import annotations
@@ -151,10 +155,33 @@ def cmd_bench_reshard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from megarl.train import run
+
+    return run(args.config, args.overrides, sft=args.command == "sft")
+
+
+def cmd_data_make(args: argparse.Namespace) -> int:
+    from megarl.data.tasks import make_task
+
+    files = make_task(
+        args.task, args.out, args.n_train, args.n_val, args.n_sft, seed=args.seed, sft_noise=args.sft_noise
+    )
+    for split in ("train", "val", "sft"):
+        print(f"{split:5s} {getattr(files, split)}")
+    return 0
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from megarl.quickstart import run_quickstart
 
-    return run_quickstart(Path(args.out))
+    return run_quickstart(Path(args.out), seed=args.seed, grpo_steps=args.grpo_steps)
+
+
+def cmd_parity_check(args: argparse.Namespace) -> int:
+    from megarl.parity_check import run_parity_check
+
+    return run_parity_check(Path(args.out))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,9 +253,36 @@ def build_parser() -> argparse.ArgumentParser:
     reshard_arguments(bench_reshard)
     bench_reshard.set_defaults(func=cmd_bench_reshard)
 
-    quick = sub.add_parser("quickstart", help="build, convert, round-trip and verify a tiny model")
+    for name, what in (("train", "RL training"), ("sft", "supervised fine-tuning")):
+        job = sub.add_parser(name, help=f"{what} from a YAML config")
+        job.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
+        job.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
+        job.set_defaults(func=cmd_train)
+
+    from megarl.data.tasks import TASKS
+
+    data = sub.add_parser("data", help="datasets").add_subparsers(dest="action", required=True)
+    make = data.add_parser("make", help="write a locally generated verifiable task as parquet")
+    make.add_argument("task", choices=TASKS)
+    make.add_argument("--out", required=True)
+    make.add_argument("--n-train", type=int, default=2048)
+    make.add_argument("--n-val", type=int, default=128)
+    make.add_argument("--n-sft", type=int, default=2048)
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument(
+        "--sft-noise", type=float, default=0.0, help="fraction of SFT answers that copy the input (wrong)"
+    )
+    make.set_defaults(func=cmd_data_make)
+
+    quick = sub.add_parser("quickstart", help="tiny model -> SFT warm-start -> GRPO on 2 CPU processes")
     quick.add_argument("--out", default="outputs/quickstart")
+    quick.add_argument("--seed", type=int, default=0, help="seed of the model, data, SFT and GRPO")
+    quick.add_argument("--grpo-steps", type=int, default=None, help="default: the config's")
     quick.set_defaults(func=cmd_quickstart)
+
+    parity = sub.add_parser("parity-check", help="Megatron vs transformers at 4 layouts, round trip")
+    parity.add_argument("--out", default="outputs/parity_check")
+    parity.set_defaults(func=cmd_parity_check)
     return parser
 
 

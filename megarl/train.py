@@ -52,10 +52,11 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
     from megarl.data.files import DataError
+    from megarl.rewards.custom import RewardError
 
     argv = [config, *overrides] + (["--sft"] if sft else [])
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, ["algorithm.name=sft", *overrides] if sft else overrides)
     except (ConfigError, FileNotFoundError) as e:
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -73,7 +74,7 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
             from megarl.trainer.rl_trainer import RLTrainer
 
             RLTrainer(cfg).fit()
-    except DataError as e:
+    except (DataError, RewardError) as e:
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

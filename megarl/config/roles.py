@@ -63,6 +63,9 @@ class RoleSpec:
     micro_batch_size: int
     max_tokens_per_micro_batch: int | None
     offload: OffloadSpec
+    # log-probs are of softmax(logits / temperature), the distribution rollouts sample from (verl's rule;
+    # top-k/top-p are not applied): the actor's and the reference's are rollout.temperature, others 1
+    temperature: float = 1.0
     recompute: bool = False  # activation recomputation (model.gradient_checkpointing, trained roles only)
     optimizer: OptimizerConfig | None = None
     total_steps: int = 1  # optimizer steps of the LR schedule
@@ -115,6 +118,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         micro_batch_size=section.micro_batch_size,
         max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
         offload=offload,
+        temperature=_sampling_temperature(cfg) if role in ("actor", "ref") else 1.0,
     )
     if not trained:
         return spec
@@ -129,6 +133,11 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         algorithm=copy.deepcopy(algo),
         rollout=rollout_spec(cfg) if role == "actor" else None,
     )
+
+
+def _sampling_temperature(cfg: MegarlConfig) -> float:
+    """rollout.temperature, or 1 when rollouts are greedy (there is no distribution to match)."""
+    return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
 
 def _model_path(cfg: MegarlConfig, role: str) -> str:

@@ -284,7 +284,7 @@ class LoggingConfig:
     backends: list[LoggingBackend] = field(default_factory=lambda: ["console"])
     project: str = "megarl"  # project name (wandb project, tensorboard dir)
     run_name: str | None = None  # None = auto: derived from the algorithm, model and start time
-    log_every: int = 1  # log metrics every N steps
+    log_every: int = 1  # print every N-th step's line (metrics.jsonl always gets every step)
 
 
 @dataclass

@@ -66,6 +66,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_batches(cfg, trained, problems)
     _check_logging(cfg, problems)
     _check_reward_terms(cfg, check_paths, problems)
+    _check_torchrun_colocation(cfg, problems)
     if problems:
         raise ConfigError(problems)
 
@@ -270,6 +271,8 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
 def _check_batches(cfg: MegarlConfig, layouts: dict[str, ParallelLayout], problems: list[str]) -> None:
     """Prompts → mini-batches → data-parallel ranks → micro-batches must all split evenly."""
     train, mini, n = cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size, cfg.rollout.n
+    if cfg.algorithm.name == "sft":  # one optimizer step per batch of (prompt, response) pairs
+        mini, n = train, 1
     if train < 1 or mini < 1 or n < 1:
         return
     if mini > train:
@@ -304,6 +307,22 @@ def _check_batches(cfg: MegarlConfig, layouts: dict[str, ParallelLayout], proble
                 f"{role}.micro_batch_size={r.micro_batch_size} does not divide the {per_rank} sequences each {role} "
                 f"data-parallel rank gets per mini-batch (ppo_mini_batch_size·rollout.n/DP = {mini}·{n}/{dp}); "
                 f"use one of {join(divisors(per_rank))}"
+            )
+
+
+def _check_torchrun_colocation(cfg: MegarlConfig, problems: list[str]) -> None:
+    """Under torchrun every role is a worker in each process, and megatron has one layout per process."""
+    if cfg.trainer.launcher != "torchrun":
+        return
+    roles = [r for r in ("critic", "reward") if getattr(cfg, r).enable]
+    for role in roles:
+        if role == "reward" and cfg.reward.backend == "hf":
+            continue  # plain PyTorch data parallelism: no megatron layout
+        if getattr(cfg, role).parallel != cfg.actor.parallel:
+            problems.append(
+                f"{role}.parallel differs from actor.parallel; under trainer.launcher=torchrun every role runs "
+                f"in the actor's processes with the actor's layout: set {role}.parallel to the actor's or use "
+                "trainer.launcher=ray"
             )
 
 

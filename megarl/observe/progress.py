@@ -4,6 +4,7 @@ The console line is plain text (readable in a SLURM log or a pipe):
 
     step 3/10 | reward 0.412 ±0.31 | val 0.500 | kl 0.0012 | entropy 1.23 | resp 7.1 tok | 1234 tok/s | 12.3s | ETA 1m26s
 
+The console shows every `logging.log_every`-th step (and the first, the last and validation steps);
 `metrics.jsonl` gets one JSON object per step (`step` plus every metric), appended and flushed at once,
 so a run that dies keeps every finished step.
 """
@@ -33,6 +34,7 @@ def _number(value: float) -> str:
 
 # (metric, label) pairs of the console line, in order; absent metrics are skipped
 _CONSOLE = (
+    ("sft/loss", "loss"),
     ("val/reward/mean", "val"),
     ("kl/mean", "kl"),
     ("actor/kl_loss", "kl_loss"),
@@ -45,9 +47,15 @@ class ProgressLog:
     """Writes each step's metrics to the console and to `<output_dir>/metrics.jsonl`."""
 
     def __init__(
-        self, output_dir: str | Path, total_steps: int, backends: list[str], stream: TextIO | None = None
+        self,
+        output_dir: str | Path,
+        total_steps: int,
+        backends: list[str],
+        stream: TextIO | None = None,
+        every: int = 1,
     ) -> None:
         self.total_steps = total_steps
+        self.every = every
         self.console = "console" in backends
         self.stream = stream
         self.path = Path(output_dir) / "metrics.jsonl" if "jsonl" in backends else None
@@ -62,7 +70,9 @@ class ProgressLog:
                 f.write(json.dumps(record) + "\n")
         if "step_seconds" in metrics:
             self._step_seconds.append(float(metrics["step_seconds"]))
-        if self.console:
+        if self.console and (
+            step % self.every == 0 or step in (1, self.total_steps) or "val/reward/mean" in metrics
+        ):
             print(self.line(step, metrics), file=self.stream, flush=True)
 
     def line(self, step: int, m: dict[str, Any]) -> str:

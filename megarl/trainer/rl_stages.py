@@ -34,13 +34,15 @@ SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
 # worker metric names -> the names users read in metrics.jsonl (verl's where verl has one)
 _RENAMES = {
     "actor/pg_clipfrac": "actor/clip_frac",
-    "grad_norm": "grad_norm",
     "critic/vf_loss": "critic/value_loss",
 }
 
 
-def role_metrics(role: str, metrics: dict[str, float]) -> dict[str, float]:
-    """A worker's update metrics under `<role>/` names (grad_norm -> actor/grad_norm, ...)."""
+def role_metrics(role: str, metrics: dict[str, float] | list[dict[str, float]]) -> dict[str, float]:
+    """A worker's update metrics under `<role>/` names (grad_norm -> actor/grad_norm, ...). A DP_COMPUTE
+    update returns one dict per data-parallel replica, all equal (the workers all-reduce them)."""
+    if isinstance(metrics, list):
+        metrics = metrics[0]
     out = {}
     for key, value in metrics.items():
         name = key if "/" in key else f"{role}/{key}"

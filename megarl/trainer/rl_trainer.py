@@ -64,7 +64,9 @@ class RLTrainer:
         self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward)
         self.output_dir = Path(cfg.trainer.output_dir)
         backends = cfg.logging.backends if self.is_writer else []
-        self.log = ProgressLog(self.output_dir, self.total_steps, backends, stream=stream)
+        self.log = ProgressLog(
+            self.output_dir, self.total_steps, backends, stream=stream, every=cfg.logging.log_every
+        )
 
     def fit(self) -> list[dict[str, float]]:
         """Run `total_steps` steps (validating every trainer.eval_every); returns each step's metrics."""

@@ -88,9 +88,9 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
 
 
 def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
-    from megarl.workers.reward import reward_worker_class
+    from megarl.workers.reward import reward_worker
 
-    return reward_worker_class(cfg)
+    return reward_worker(cfg)
 
 
 def _ray_pool(cfg: MegarlConfig, devices: int, name: str) -> Any:

@@ -50,7 +50,9 @@ class SFTTrainer:
         self.roles = build_roles(cfg, self.total_steps)
         self.output_dir = Path(cfg.trainer.output_dir)
         backends = cfg.logging.backends if self.roles.is_writer else []
-        self.log = ProgressLog(self.output_dir, self.total_steps, backends, stream=stream)
+        self.log = ProgressLog(
+            self.output_dir, self.total_steps, backends, stream=stream, every=cfg.logging.log_every
+        )
 
     def fit(self) -> Path:
         """Train, then export; returns the HF checkpoint directory."""

@@ -5,6 +5,8 @@
                             per mini-batch)
     generate(prompts)    -> rollout Batch (responses, rollout_log_probs, …), GEN_DP_COMPUTE: the
                             3D-HybridEngine syncs the weights into the colocated vLLM engine first
+    sft_update(batch)    -> metrics dict: one optimizer step on the response tokens' NLL (SFT)
+    export_hf(out_dir)   -> the Hugging Face checkpoint written from the live weights (any layout)
 
 Built from `role_spec(cfg, "actor")`: its layout, batching, offload, optimizer, loss settings
 (`spec.algorithm`), mini-batch size and rollout engine.
@@ -82,7 +84,7 @@ class ActorWorker(MegatronWorker):
         algo = self.spec.algorithm
         mask = mb["mask"]
         agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
-        log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size)
+        log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size, self.spec.temperature)
         loss, metrics = POLICY_LOSSES[algo.policy_loss](
             log_probs,
             mb["old_log_probs"],
@@ -109,3 +111,23 @@ class ActorWorker(MegatronWorker):
             loss = loss + algo.kl_coef * kl
             out["actor/kl_loss"] = kl.detach()
         return loss, out
+
+    @register(Dispatch.DP_COMPUTE)
+    def sft_update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on the mean negative log-likelihood of the response tokens of `batch`
+        (token-mean over the whole batch, every DP rank and micro-batch)."""
+        seqs = sequences_from_batch(batch)
+        return train_minibatches(self, seqs, {}, self._nll_loss, len(seqs), epochs=1)
+
+    def _nll_loss(self, mb: dict, logits: torch.Tensor, counts: GlobalCounts):
+        log_probs, _ = token_log_probs(mb, logits, self.arch.vocab_size)
+        loss = aggregate(-log_probs, mb["mask"], "token-mean", num_tokens=counts.num_tokens)
+        return loss, {}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, out_dir: str) -> str:
+        """Write the current weights as a Hugging Face checkpoint at `out_dir` (collective); returns it."""
+        from megarl.models.convert.export import export_hf
+
+        self.check_loaded()
+        return str(export_hf(self.chunks, self.arch, self.spec.model.path, out_dir))

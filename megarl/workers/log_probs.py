@@ -15,9 +15,14 @@ from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.sequences import sequences_from_batch
 
 
-def token_log_probs(mb: dict, logits: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p of each response token, the vocab-parallel logits at those positions) — [k, R], [k, R, V/tp]."""
+def token_log_probs(
+    mb: dict, logits: torch.Tensor, vocab_size: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p of each response token under softmax(logits / temperature), those vocab-parallel scaled
+    logits) — [k, R], [k, R, V/tp]."""
     selected = select_positions(logits, mb["index"])
+    if temperature != 1.0:
+        selected = selected / temperature
     labels = mb["labels"].reshape(-1)[mb["index"].reshape(-1)].reshape(mb["index"].shape)
     return vocab_parallel_log_probs(selected, labels, vocab_size) * mb["mask"], selected
 
@@ -28,7 +33,7 @@ def response_log_probs(worker: MegatronWorker, batch: Batch, column: str, with_e
     width, vocab = seqs.response_width, worker.arch.vocab_size
 
     def compute(mb, logits):
-        log_probs, selected = token_log_probs(mb, logits, vocab)
+        log_probs, selected = token_log_probs(mb, logits, vocab, worker.spec.temperature)
         out = {column: log_probs}
         if with_entropy:
             out["entropy"] = vocab_parallel_entropy(selected, vocab) * mb["mask"]

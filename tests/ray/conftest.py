@@ -1,22 +1,10 @@
-"""One local Ray cluster for the whole session (starting Ray costs 3-5 s and ~0.5 GB)."""
+"""Resource pools on the session's Ray cluster (`ray_cluster`, tests/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
-    """A loopback Ray cluster with 8 CPU slots: 4 ranks x 0.5 CPU, colocated groups and the driver fit."""
-    import ray
-
-    from megarl.controller.resource_pool import start_local_ray
-
-    start_local_ray(num_cpus=8)
-    yield
-    ray.shutdown()
 
 
 def _pool(ranks: int) -> Iterator:

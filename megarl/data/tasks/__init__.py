@@ -22,6 +22,12 @@ from typing import Any
 from megarl.data.tasks.digits import GENERATORS, Problem
 
 TASKS = sorted(GENERATORS)
+COPYABLE = ("digits_reverse", "digits_sort")  # tasks whose prompt ends with the digit list to transform
+
+
+def _copied(prompt: str) -> str:
+    """The wrong answer of a noisy warm-start pair: the prompt's digit list unchanged."""
+    return prompt.split()[-1]
 
 
 @dataclass(frozen=True)
@@ -38,8 +44,14 @@ def make_task(
     n_val: int = 128,
     n_sft: int = 2048,
     seed: int = 0,
+    sft_noise: float = 0.0,
 ) -> TaskFiles:
-    """Generate task `name` (one of `TASKS`) into `out_dir`; returns the three file paths."""
+    """Generate task `name` (one of `TASKS`) into `out_dir`; returns the three file paths.
+
+    `sft_noise` is the fraction of warm-start pairs whose response is wrong in a plausible way: the
+    prompt's digits copied unchanged (list tasks only). A model fine-tuned on them answers right only
+    part of the time, which is the imperfect starting point RL with a verifiable reward improves on.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -57,6 +69,11 @@ def make_task(
     sft = [p for p in (generate(rng) for _ in range(n_sft * 4)) if p[0] not in held_out][:n_sft]
     if len(train) < n_train or len(sft) < n_sft:
         raise ValueError(f"{name} has too few distinct problems for n_val={n_val}; lower n_val")
+    if not 0.0 <= sft_noise <= 1.0:
+        raise ValueError(f"sft_noise={sft_noise} must be in [0, 1]")
+    if sft_noise and name not in COPYABLE:
+        raise ValueError(f"sft_noise needs a list task ({', '.join(COPYABLE)}), not {name!r}")
+    sft = [(prompt, _copied(prompt) if rng.random() < sft_noise else answer) for prompt, answer in sft]
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,68 @@
+"""Rewards a verl user brings: their parquet files and reward function unchanged, and a reward model."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from megarl.trainer.dataflow import Stage
+from megarl.trainer.rl_trainer import RLTrainer
+from tests.helpers.data import verl_row, write_parquet
+
+pytestmark = pytest.mark.e2e
+
+VERL_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    exact = float(solution_str.strip() == ground_truth)
+    return {"score": exact, "acc": exact, "chars": float(len(solution_str))}
+"""
+
+
+def test_a_verl_reward_file_and_verl_parquet_drive_a_run_unchanged(rl_setup, tmp_path):
+    rows = pq.read_table(rl_setup.data / "train.parquet").to_pylist()[:64]
+    verl_rows = [
+        verl_row(
+            r["prompt"][0]["content"], r["reward_model"]["ground_truth"], data_source="my/private_digits"
+        )
+        for r in rows
+    ]
+    data = write_parquet(tmp_path / "verl_train.parquet", verl_rows)
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(VERL_REWARD)
+    cfg = rl_setup.grpo_config(
+        tmp_path / "run",
+        f"data.train_files=[{data}]",
+        "data.val_files=[]",
+        "trainer.eval_every=0",
+        f"reward.function.path={reward_file}",
+        "trainer.total_steps=1",
+    )
+    history = RLTrainer(cfg).fit()
+    step = history[-1]
+    assert step["reward/acc/mean"] == pytest.approx(step["reward/mean"])  # score and acc are the same number
+    assert step["reward/chars/mean"] > 0 and step["reward/errors"] == 0
+
+
+def test_rewards_from_a_reward_model_worker(rl_setup, tiny_reward_models, tmp_path):
+    cfg = rl_setup.grpo_config(
+        tmp_path,
+        f"reward.model_path={tiny_reward_models['llama']}",
+        "reward.micro_batch_size=16",
+        "reward.weights.function=0.0",
+        "reward.weights.rm=1.0",
+        "trainer.total_steps=1",
+        "trainer.eval_every=0",
+        "trainer.val_before_train=false",
+    )
+    trainer = RLTrainer(cfg)
+    seen = {}
+
+    def keep(ctx, batch):
+        seen["rm_scores"], seen["scores"] = batch["rm_scores"].clone(), batch["scores"].clone()
+
+    trainer.flow.insert_after("reward", Stage("keep", keep, reads=("rm_scores", "scores")))
+    history = trainer.fit()
+    assert "reward_model" in trainer.flow.names and "timing/reward_model" in history[-1]
+    assert torch.allclose(seen["scores"], seen["rm_scores"].float())  # the RM is the whole reward
+    assert seen["rm_scores"].std() > 0  # a real model's scores, not a constant

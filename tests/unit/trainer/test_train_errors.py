@@ -1,0 +1,80 @@
+"""Bad input to `megarl train` / `megarl sft` is reported before any worker process starts (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megarl.train import run
+from tests.helpers.data import verl_row, write_parquet
+
+CONFIG = str(Path(__file__).resolve().parents[3] / "configs" / "quickstart_grpo.yaml")
+
+
+@pytest.fixture
+def overrides(tiny_models, tmp_path) -> list[str]:
+    rows = [verl_row(f"reverse {d}", d[::-1], data_source="megarl/digits_reverse") for d in ("123", "4567")]
+    data = write_parquet(tmp_path / "train.parquet", rows)
+    return [
+        f"model.path={tiny_models['llama']}",
+        f"data.train_files=[{data}]",
+        "data.val_files=[]",
+        "trainer.eval_every=0",
+        "data.train_batch_size=2",
+        "algorithm.ppo_mini_batch_size=2",
+        "actor.micro_batch_size=8",
+        "ref.micro_batch_size=8",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+
+
+def _fails(capsys, overrides: list[str], *expected: str) -> str:
+    assert run(CONFIG, overrides) == 2
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def test_a_missing_data_file_names_the_key_and_the_path(capsys, overrides, tmp_path):
+    missing = tmp_path / "nope.parquet"
+    _fails(
+        capsys, [*overrides, f"data.train_files=[{missing}]"], f"data.train_files[0]={missing} does not exist"
+    )
+
+
+def test_all_prompts_too_long_says_by_how_much(capsys, overrides):
+    _fails(
+        capsys,
+        [*overrides, "data.max_prompt_length=4"],
+        "no usable prompt",
+        "longer than data.max_prompt_length=4 tokens",
+        "raise data.max_prompt_length to at least",
+    )
+
+
+def test_an_unknown_data_source_without_a_reward_function(capsys, overrides, tmp_path):
+    data = write_parquet(
+        tmp_path / "private.parquet", [verl_row("reverse 12", "21", data_source="my/private")] * 2
+    )
+    _fails(
+        capsys,
+        [*overrides, f"data.train_files=[{data}]"],
+        "no reward for data_source 'my/private'",
+        "set reward.function.path=/path/to/reward.py",
+    )
+
+
+def test_rows_without_a_prompt_are_reported_and_the_rest_used(capsys, overrides, tmp_path):
+    from transformers import AutoTokenizer
+
+    from megarl.config import load_config
+    from megarl.data.datasets import PromptDataset
+
+    good = verl_row("reverse 12", "21", data_source="megarl/digits_reverse")
+    data = write_parquet(tmp_path / "mixed.parquet", [good, {**good, "prompt": None}, good])
+    cfg = load_config(CONFIG, [*overrides, f"data.train_files=[{data}]"])
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    dataset = PromptDataset.from_config(cfg.data, tokenizer, split="train")
+    assert len(dataset) == 2 and "mixed.parquet row 1" in str(dataset.report.malformed)
