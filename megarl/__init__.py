@@ -21,6 +21,10 @@ _EXPORTS = {
     "register": "megarl.controller.dispatch",
     "Worker": "megarl.controller.worker",
     "WorkerError": "megarl.controller.worker",
+    "RLTrainer": "megarl.trainer.rl_trainer",
+    "SFTTrainer": "megarl.trainer.sft",
+    "Dataflow": "megarl.trainer.dataflow",
+    "Stage": "megarl.trainer.dataflow",
 }
 
 __all__ = [
@@ -29,6 +33,10 @@ __all__ = [
     "Dispatch",
     "MegarlConfig",
     "ParallelLayout",
+    "RLTrainer",
+    "SFTTrainer",
+    "Stage",
+    "Dataflow",
     "Worker",
     "WorkerError",
     "__version__",
@@ -44,6 +52,9 @@ if TYPE_CHECKING:
     from megarl.controller.worker import Worker, WorkerError
     from megarl.distributed.layout import ParallelLayout
     from megarl.protocol import Batch
+    from megarl.trainer.dataflow import Dataflow, Stage
+    from megarl.trainer.rl_trainer import RLTrainer
+    from megarl.trainer.sft import SFTTrainer
 
 
 def __getattr__(name: str) -> Any:

@@ -185,6 +185,8 @@ def cmd_parity_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from megarl.models.dtypes import DTYPE_NAMES
+
     parser = argparse.ArgumentParser(prog="megarl", description="Megatron-native RL post-training for LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -211,9 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     to_mcore.add_argument("--tp", type=int, default=1)
     to_mcore.add_argument("--pp", type=int, default=1)
     to_mcore.add_argument("--vpp", type=int, default=None)
-    to_mcore.add_argument(
-        "--dtype", choices=["fp32", "bf16", "fp16"], default=None, help="default: the HF dtype"
-    )
+    to_mcore.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="default: the HF dtype")
     to_mcore.add_argument("--overwrite", action="store_true")
     to_mcore.set_defaults(func=cmd_convert)
     to_hf = convert.add_parser("mcore-to-hf", help="megarl megatron checkpoint -> HF safetensors")

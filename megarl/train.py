@@ -51,6 +51,7 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     """Load and check the config, then train; returns the exit code."""
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
+    from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
     from megarl.rewards.custom import RewardError
 
@@ -77,6 +78,9 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     except (DataError, RewardError) as e:
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except WorkerError as e:  # a rank failed or hung; every worker process is already stopped
+        print(f"megarl {'sft' if sft else 'train'}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("megarl: interrupted; every worker was stopped", file=sys.stderr)
         return 130

@@ -98,10 +98,10 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLE_NAMES)}")
     actor = cfg.actor
     if role == "ref":  # lives in the actor's processes: the actor's layout, devices and offload dir
-        section, layout_of = cfg.ref, actor
+        section = cfg.ref
         offload = OffloadSpec(params=cfg.ref.offload_params, dir=actor.offload_dir)
     else:
-        section = layout_of = getattr(cfg, role)
+        section = getattr(cfg, role)
         offload = OffloadSpec(
             params=section.offload_params,
             grads=getattr(section, "offload_grads", False),
@@ -109,12 +109,11 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
             dir=section.offload_dir,
         )
     trained = role in ("actor", "critic")
-    n_devices = layout_of.n_devices
     spec = RoleSpec(
         role=role,
         model=_model_spec(cfg, _model_path(cfg, role)),
-        parallel=copy.deepcopy(layout_of.parallel),
-        n_devices=cfg.cluster_size() if n_devices is None else n_devices,
+        parallel=copy.deepcopy(cfg.parallel_of(role)),  # the schema owns "the reference shares the actor's"
+        n_devices=cfg.world_size(role),
         micro_batch_size=section.micro_batch_size,
         max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
         offload=offload,

@@ -230,6 +230,16 @@ class RolloutConfig(SamplingConfig):
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups): drop the groups (samples of one prompt)
+    whose scores are all equal — under GRPO their advantage is 0 — and generate more prompts until the
+    batch holds data.train_batch_size groups again."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 10  # generation batches per step at most; then the step fails; ≥ 1
+
+
+@dataclass
 class AlgorithmConfig:
     name: AlgorithmName = "ppo"  # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "dpo" | "sft"
     # how advantages are estimated (megarl.algorithms.advantages): "gae" (needs the critic) | "grpo" |
@@ -261,6 +271,7 @@ class AlgorithmConfig:
     loss_agg_mode: LossAggMode = "token-mean"
     ppo_epochs: int = 1  # passes over each step's rollouts
     ppo_mini_batch_size: int = 16  # prompts per optimizer step (× rollout.n sequences); divides train batch
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
 
 
 @dataclass

@@ -202,6 +202,19 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
 
 def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     a = cfg.algorithm
+    if a.filter_groups.enable:
+        at_least(
+            problems,
+            "algorithm.filter_groups.max_num_gen_batches",
+            a.filter_groups.max_num_gen_batches,
+            1,
+            "e.g. 10",
+        )
+        if cfg.rollout.n < 2:
+            problems.append(
+                f"algorithm.filter_groups.enable=true compares the samples of a prompt, but rollout.n={cfg.rollout.n}; "
+                "set rollout.n >= 2 (e.g. 8) or algorithm.filter_groups.enable=false"
+            )
     if a.name == "grpo" and a.adv_estimator not in _GRPO_ESTIMATORS:
         problems.append(
             f"algorithm.adv_estimator={a.adv_estimator} contradicts algorithm.name=grpo (which uses "

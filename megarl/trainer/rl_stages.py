@@ -10,6 +10,7 @@ scoring. The trainer and the Python API run the same graph; users edit it with D
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -89,6 +90,41 @@ def reward_stage(reward: Any, with_rm: bool) -> Stage:
 
     reads = ("responses", "response_mask") + (("rm_scores",) if with_rm else ())
     return Stage("reward", score, reads=reads, writes=("scores", "token_level_scores"))
+
+
+def filter_groups_stage(
+    cfg: MegarlConfig, more_prompts: Callable[[], Batch], score_stages: list[Stage]
+) -> Stage:
+    """DAPO dynamic sampling: keep the groups whose scores vary; generate and score more prompts
+    (`more_prompts()`, through `score_stages`) until data.train_batch_size groups are kept."""
+    from megarl.rewards.dynamic_sampling import varied_groups
+
+    wanted, n = cfg.data.train_batch_size, cfg.rollout.n
+    limit = cfg.algorithm.filter_groups.max_num_gen_batches
+
+    def keep_varied(ctx: StepContext, batch: Batch) -> Batch:
+        kept, generated, batches = [], 0, 1
+        while True:
+            generated += len(batch) // n
+            kept.append(batch[varied_groups(batch["scores"], batch["uid"])])
+            have = sum(len(b) for b in kept) // n
+            if have >= wanted:
+                break
+            if batches >= limit:
+                raise RuntimeError(
+                    f"dynamic sampling kept {have} of the {wanted} groups a step needs after {batches} generation "
+                    f"batches (the others scored all-equal); raise algorithm.filter_groups.max_num_gen_batches, "
+                    "use a larger rollout.n or a task of fitting difficulty"
+                )
+            batch = more_prompts()
+            for stage in score_stages:
+                batch = stage.run(ctx, batch)
+            batches += 1
+        ctx.metrics["dynamic_sampling/gen_batches"] = batches
+        ctx.metrics["dynamic_sampling/kept_group_frac"] = have / generated
+        return Batch.concat(kept)[: wanted * n]
+
+    return Stage("filter_groups", keep_varied, reads=("scores", "uid"), new_rows=True)
 
 
 def old_log_prob_stage(actor: Any) -> Stage:
@@ -181,16 +217,25 @@ def update_actor_stage(actor: Any, use_kl_loss: bool) -> Stage:
     return Stage("update_actor", update, reads=columns)
 
 
-def build_rl_dataflow(cfg: MegarlConfig, roles: Any, reward: Any) -> tuple[Dataflow, KLController]:
-    """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL)."""
+def build_rl_dataflow(
+    cfg: MegarlConfig, roles: Any, reward: Any, more_prompts: Callable[[], Batch] | None = None
+) -> tuple[Dataflow, KLController]:
+    """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
+    `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it)."""
     algo = cfg.algorithm
     stages = []
     if algo.adv_estimator == "remax":
         stages.append(remax_baseline_stage(roles.actor, reward))
-    stages.append(generate_stage(roles.actor))
+    scoring = [generate_stage(roles.actor)]
     if roles.reward_model is not None:
-        stages.append(reward_model_stage(roles.reward_model))
-    stages += [reward_stage(reward, roles.reward_model is not None), old_log_prob_stage(roles.actor)]
+        scoring.append(reward_model_stage(roles.reward_model))
+    scoring.append(reward_stage(reward, roles.reward_model is not None))
+    stages += scoring
+    if algo.filter_groups.enable:
+        if more_prompts is None:
+            raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
+        stages.append(filter_groups_stage(cfg, more_prompts, list(stages)))
+    stages.append(old_log_prob_stage(roles.actor))
     if roles.ref is not None:
         stages.append(ref_log_prob_stage(roles.ref))
     if roles.critic is not None:

@@ -61,7 +61,12 @@ class RLTrainer:
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.roles = roles or build_roles(cfg, self.total_steps)
         self.is_writer = self.roles.is_writer
-        self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward)
+        self._next_uid = 0
+        try:
+            self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
+        except BaseException:
+            self.close()  # the worker processes are up already
+            raise
         self.output_dir = Path(cfg.trainer.output_dir)
         backends = cfg.logging.backends if self.is_writer else []
         self.log = ProgressLog(
@@ -91,9 +96,7 @@ class RLTrainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
-        prompts = self.loader.next_batch()
-        n = len(prompts)
-        prompts["uid"] = torch.arange((step - 1) * n, step * n)  # the group id of each prompt's samples
+        prompts = self.next_prompts()
         ctx = StepContext(step=step)
         batch = self.flow.run(prompts, ctx)
         seconds = time.perf_counter() - start
@@ -107,6 +110,13 @@ class RLTrainer:
             }
         )
         return metrics
+
+    def next_prompts(self) -> Batch:
+        """The next training prompts, each with a `uid` never used before (its samples' group id)."""
+        prompts = self.loader.next_batch()
+        prompts["uid"] = torch.arange(self._next_uid, self._next_uid + len(prompts))
+        self._next_uid += len(prompts)
+        return prompts
 
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (rollout.val) responses to every validation prompt, scored by the reward: mean score

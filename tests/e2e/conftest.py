@@ -54,7 +54,7 @@ def rl_setup(tmp_path_factory, ray_cluster) -> RLSetup:
             f"model.path={base}",
             f"data.train_files=[{root / 'data' / 'sft.parquet'}]",
             f"trainer.output_dir={root / 'sft'}",
-            "trainer.total_steps=300",
+            "trainer.total_steps=600",
         ],
     )
     sft_model = SFTTrainer(cfg).fit()
