@@ -44,16 +44,23 @@ def _relaunch_with_torchrun(cfg, argv: list[str]) -> int:
         "megarl.train",
         *argv,
     ]
-    return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except KeyboardInterrupt:  # torchrun got the signal too and stops its ranks
+        print("megarl: interrupted", file=sys.stderr)
+        return 130
 
 
 def run(config: str, overrides: list[str], sft: bool = False) -> int:
     """Load and check the config, then train; returns the exit code."""
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
+    from megarl.controller.resource_pool import ResourcePoolError
     from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
     from megarl.rewards.custom import RewardError
+    from megarl.trainer.dataflow import DataflowError
+    from megarl.trainer.rl_stages import DynamicSamplingError
 
     argv = [config, *overrides] + (["--sft"] if sft else [])
     try:
@@ -75,10 +82,10 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
             from megarl.trainer.rl_trainer import RLTrainer
 
             RLTrainer(cfg).fit()
-    except (DataError, RewardError) as e:
+    except (DataError, RewardError, DataflowError, ResourcePoolError, OSError) as e:
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except WorkerError as e:  # a rank failed or hung; every worker process is already stopped
+    except (WorkerError, DynamicSamplingError) as e:  # every worker process is already stopped
         print(f"megarl {'sft' if sft else 'train'}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -291,7 +291,8 @@ class TrainerConfig:
 
 @dataclass
 class LoggingConfig:
-    # where metrics go: any of "console", "jsonl", "tensorboard", "wandb"
+    # where metrics go besides <trainer.output_dir>/metrics.jsonl (always written): any of "console",
+    # "jsonl" (accepted; the file is written anyway), "tensorboard", "wandb"
     backends: list[LoggingBackend] = field(default_factory=lambda: ["console"])
     project: str = "megarl"  # project name (wandb project, tensorboard dir)
     run_name: str | None = None  # None = auto: derived from the algorithm, model and start time

@@ -202,6 +202,13 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
 
 def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     a = cfg.algorithm
+    val = cfg.rollout.val
+    if a.adv_estimator == "remax" and (val.n != 1 or val.temperature != 0):
+        problems.append(
+            f"algorithm.adv_estimator=remax takes its baseline from the greedy response (rollout.val sampling), "
+            f"but rollout.val.n={val.n}, rollout.val.temperature={val.temperature}; set rollout.val.n=1 and "
+            "rollout.val.temperature=0"
+        )
     if a.filter_groups.enable:
         at_least(
             problems,

@@ -104,7 +104,8 @@ def split(
             pad, parts_kwargs[key] = _split_by_dp(value, dp_size, pad)
         index = [r.replica(mode)[0] for r in ranks]
         calls = [(tuple(p[i] for p in parts_args), {k: p[i] for k, p in parts_kwargs.items()}) for i in index]
-        return calls, pad
+        batches = [v for v in (*args, *kwargs.values()) if _is_batch(v)]
+        return calls, (pad, len(batches[0]) + pad) if pad else None
     raise ValueError(f"unknown dispatch mode {mode!r}")
 
 
@@ -134,5 +135,9 @@ def collect(mode: Dispatch, outputs: list, ranks: list[RankInfo], context: Any) 
         if not parts or not _is_batch(parts[0]):
             return parts
         merged = type(parts[0]).concat(parts)
-        return merged.unpad(context) if context else merged
+        if not context:
+            return merged
+        pad, padded_rows = context
+        # an output may hold several rows per input row (generate: n samples per prompt, adjacent)
+        return merged.unpad(pad * len(merged) // padded_rows)
     raise ValueError(f"unknown dispatch mode {mode!r}")

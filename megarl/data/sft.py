@@ -2,8 +2,8 @@
 
 Rows (parquet or jsonl) hold either `prompt` + `response` (data.prompt_key / data.response_key; the
 prompt a string or a chat list) or `messages`, a chat list whose last turn is the assistant's response.
-Chat prompts go through the tokenizer's chat template with the generation prompt, exactly as in RL
-rollouts, so the SFT model answers in the format RL will sample; the response ends with EOS. The loss
+Prompts are rendered exactly as RL prompts are (megarl.data.chat: the chat template with the
+generation prompt, per data.apply_chat_template), so the SFT model answers in the format RL samples; the response ends with EOS. The loss
 covers response tokens only (`response_mask`).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from megarl.config.schema import DataConfig
-from megarl.data.chat import as_messages
+from megarl.data.chat import as_messages, prompt_text
 from megarl.data.files import DataError, read_rows
 from megarl.protocol import Batch
 
@@ -56,12 +56,16 @@ def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key:
                 problems.append(f"{raw.where}: {split}")
                 continue
             prompt, response = split
-            if isinstance(prompt, list) or getattr(tokenizer, "chat_template", None):
-                prompt_ids = tokenizer.apply_chat_template(
-                    as_messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=False
+            try:  # exactly as RL prompts are rendered (megarl.data.datasets), so SFT teaches that format
+                text, special = prompt_text(
+                    as_messages(prompt) if isinstance(prompt, list) else prompt,
+                    tokenizer,
+                    data.apply_chat_template,
                 )
-            else:
-                prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            except ValueError as e:
+                problems.append(f"{raw.where}: {e}")
+                continue
+            prompt_ids = tokenizer(text, add_special_tokens=special)["input_ids"]
             response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [
                 tokenizer.eos_token_id
             ]

@@ -5,7 +5,7 @@ The console line is plain text (readable in a SLURM log or a pipe):
     step 3/10 | reward 0.412 ±0.31 | val 0.500 | kl 0.0012 | entropy 1.23 | resp 7.1 tok | 1234 tok/s | 12.3s | ETA 1m26s
 
 The console shows every `logging.log_every`-th step (and the first, the last and validation steps);
-`metrics.jsonl` gets one JSON object per step (`step` plus every metric), appended and flushed at once,
+`<output_dir>/metrics.jsonl` (always; `logging.backends` picks the other sinks) gets one JSON object per step (`step` plus every metric), appended and flushed at once,
 so a run that dies keeps every finished step.
 """
 
@@ -53,14 +53,17 @@ class ProgressLog:
         backends: list[str],
         stream: TextIO | None = None,
         every: int = 1,
+        writer: bool = True,
     ) -> None:
         self.total_steps = total_steps
         self.every = every
-        self.console = "console" in backends
+        self.console = writer and "console" in backends
         self.stream = stream
-        self.path = Path(output_dir) / "metrics.jsonl" if "jsonl" in backends else None
+        # metrics.jsonl is always written (by the one writing process); a new run starts it afresh
+        self.path = Path(output_dir) / "metrics.jsonl" if writer else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
         self._step_seconds: list[float] = []
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -131,6 +131,8 @@ class Dataflow:
 
     def replace(self, name: str, stage: Stage) -> Dataflow:
         """Swap the stage `name` for `stage` (same position; edges to `name` now point at `stage`)."""
+        if stage.name != name and stage.name in self:
+            raise DataflowError(f"a stage named {stage.name!r} exists already; remove it first")
         self._stages[self._index(name)] = stage
         self._edges = {
             (stage.name if a == name else a, stage.name if b == name else b) for a, b in self._edges
@@ -145,8 +147,15 @@ class Dataflow:
     def connect(self, upstream: str, downstream: str) -> Dataflow:
         """Make `downstream` run after `upstream` (an edge no column expresses)."""
         self._index(upstream), self._index(downstream)
-        self._edges.add((upstream, downstream))
-        self._ordered()  # a cycle fails here, naming the stages
+        edge = (upstream, downstream)
+        added = edge not in self._edges
+        self._edges.add(edge)
+        try:
+            self._ordered()  # a cycle fails here, naming the stages
+        except DataflowError:
+            if added:
+                self._edges.discard(edge)
+            raise
         return self
 
     def check(self) -> None:

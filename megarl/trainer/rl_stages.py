@@ -60,13 +60,15 @@ def generate_stage(actor: Any) -> Stage:
     return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=ROLLOUT_COLUMNS, new_rows=True)
 
 
-def remax_baseline_stage(actor: Any, reward: Any) -> Stage:
-    """ReMax: the score of each prompt's greedy response (rollout.val sampling), carried to its samples."""
+def remax_baseline_stage(actor: Any, scoring: Callable[[], list[Stage]]) -> Stage:
+    """ReMax: the score of each prompt's greedy response (rollout.val sampling, which validation keeps
+    greedy with n=1 for remax), scored by the flow's own scoring stages and carried to its samples."""
 
     def baseline(ctx: StepContext, prompts: Batch) -> dict:
         greedy = actor.generate(prompts, validate=True)
-        scores, _ = reward.score(greedy)
-        return {"baseline_scores": scores.float()}
+        for stage in scoring():
+            greedy = stage.run(ctx, greedy)
+        return {"baseline_scores": greedy["scores"].float()}
 
     return Stage("remax_baseline", baseline, reads=PROMPT_COLUMNS, writes=("baseline_scores",))
 
@@ -92,11 +94,16 @@ def reward_stage(reward: Any, with_rm: bool) -> Stage:
     return Stage("reward", score, reads=reads, writes=("scores", "token_level_scores"))
 
 
+class DynamicSamplingError(RuntimeError):
+    """DAPO's dynamic sampling could not fill a batch within algorithm.filter_groups.max_num_gen_batches."""
+
+
 def filter_groups_stage(
-    cfg: MegarlConfig, more_prompts: Callable[[], Batch], score_stages: list[Stage]
+    cfg: MegarlConfig, more_prompts: Callable[[], Batch], scoring: Callable[[], list[Stage]]
 ) -> Stage:
     """DAPO dynamic sampling: keep the groups whose scores vary; generate and score more prompts
-    (`more_prompts()`, through `score_stages`) until data.train_batch_size groups are kept."""
+    (`more_prompts()`, through the stages `scoring()` names at run time: the flow's current ones) until
+    data.train_batch_size groups are kept."""
     from megarl.rewards.dynamic_sampling import varied_groups
 
     wanted, n = cfg.data.train_batch_size, cfg.rollout.n
@@ -111,13 +118,13 @@ def filter_groups_stage(
             if have >= wanted:
                 break
             if batches >= limit:
-                raise RuntimeError(
+                raise DynamicSamplingError(
                     f"dynamic sampling kept {have} of the {wanted} groups a step needs after {batches} generation "
                     f"batches (the others scored all-equal); raise algorithm.filter_groups.max_num_gen_batches, "
                     "use a larger rollout.n or a task of fitting difficulty"
                 )
             batch = more_prompts()
-            for stage in score_stages:
+            for stage in scoring():
                 batch = stage.run(ctx, batch)
             batches += 1
         ctx.metrics["dynamic_sampling/gen_batches"] = batches
@@ -223,18 +230,26 @@ def build_rl_dataflow(
     """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
     `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it)."""
     algo = cfg.algorithm
+    flow = Dataflow(inputs=(*PROMPT_COLUMNS, "uid"))
+
+    def before(name: str) -> Callable[[], list[Stage]]:
+        """The flow's stages before `name` (prompts in, scored rollouts out), as they are when it runs."""
+        return lambda: flow.stages[: flow.names.index(name)]
+
+    def scoring() -> list[Stage]:
+        return [flow[n] for n in ("reward_model", "reward") if n in flow]
+
     stages = []
     if algo.adv_estimator == "remax":
-        stages.append(remax_baseline_stage(roles.actor, reward))
-    scoring = [generate_stage(roles.actor)]
+        stages.append(remax_baseline_stage(roles.actor, scoring))
+    stages.append(generate_stage(roles.actor))
     if roles.reward_model is not None:
-        scoring.append(reward_model_stage(roles.reward_model))
-    scoring.append(reward_stage(reward, roles.reward_model is not None))
-    stages += scoring
+        stages.append(reward_model_stage(roles.reward_model))
+    stages.append(reward_stage(reward, roles.reward_model is not None))
     if algo.filter_groups.enable:
         if more_prompts is None:
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
-        stages.append(filter_groups_stage(cfg, more_prompts, list(stages)))
+        stages.append(filter_groups_stage(cfg, more_prompts, before("filter_groups")))
     stages.append(old_log_prob_stage(roles.actor))
     if roles.ref is not None:
         stages.append(ref_log_prob_stage(roles.ref))
@@ -245,6 +260,7 @@ def build_rl_dataflow(
     if roles.critic is not None:
         stages.append(update_critic_stage(roles.critic))
     stages.append(update_actor_stage(roles.actor, algo.use_kl_loss))
-    flow = Dataflow(stages, inputs=(*PROMPT_COLUMNS, "uid"))
+    for stage in stages:
+        flow.add_stage(stage)
     flow.check()
     return flow, kl_ctrl

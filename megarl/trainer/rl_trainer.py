@@ -27,7 +27,7 @@ from megarl.config.validate import resolve_auto
 from megarl.observe.progress import ProgressLog
 from megarl.protocol import Batch
 from megarl.trainer.dataflow import StepContext
-from megarl.trainer.rl_stages import build_rl_dataflow, generate_stage
+from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import Roles, build_roles
 
 
@@ -62,16 +62,26 @@ class RLTrainer:
         self.roles = roles or build_roles(cfg, self.total_steps)
         self.is_writer = self.roles.is_writer
         self._next_uid = 0
-        try:
-            self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
-        except BaseException:
-            self.close()  # the worker processes are up already
-            raise
         self.output_dir = Path(cfg.trainer.output_dir)
-        backends = cfg.logging.backends if self.is_writer else []
-        self.log = ProgressLog(
-            self.output_dir, self.total_steps, backends, stream=stream, every=cfg.logging.log_every
-        )
+        try:  # the worker processes are up already: stop them if anything below fails
+            self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
+            self.log = ProgressLog(
+                self.output_dir,
+                self.total_steps,
+                cfg.logging.backends,
+                stream=stream,
+                every=cfg.logging.log_every,
+                writer=self.is_writer,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> RLTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def fit(self) -> list[dict[str, float]]:
         """Run `total_steps` steps (validating every trainer.eval_every); returns each step's metrics."""
@@ -122,12 +132,15 @@ class RLTrainer:
         """Greedy (rollout.val) responses to every validation prompt, scored by the reward: mean score
         overall (`val/reward/mean`) and per data_source (`val/<data_source>/reward/mean`)."""
         start = time.perf_counter()
-        generate = generate_stage(self.roles.actor)
+        # the flow's own generate and scoring stages (a user's replacement reward included)
+        stages = [self.flow[name] for name in ("generate", "reward_model", "reward") if name in self.flow]
         scores, sources = [], []
         for prompts in self.val_data.batches(self.cfg.data.val_batch_size or len(self.val_data)):
-            rollout = generate.run(StepContext(step=step, validate=True), prompts)
-            batch_scores, _ = self.reward.score(rollout)
-            scores.append(batch_scores.float())
+            ctx = StepContext(step=step, validate=True)
+            rollout = prompts
+            for stage in stages:
+                rollout = stage.run(ctx, rollout)
+            scores.append(rollout["scores"].float())
             sources += list(rollout["data_source"]) if "data_source" in rollout else ["val"] * len(rollout)
         scores_t = torch.cat(scores)
         metrics = {"val/reward/mean": scores_t.mean().item()}

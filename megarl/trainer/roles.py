@@ -37,7 +37,10 @@ class Roles:
                 except Exception:  # one group failing to stop must not leave the others running
                     pass
         for pool in self.pools:
-            pool.remove()
+            try:
+                pool.remove()
+            except Exception:  # must not hide the error that ended the run
+                pass
         self.actor = self.ref = self.critic = self.reward_model = None
         self.pools = ()
 
@@ -51,15 +54,16 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
 
     backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
     roles = Roles(actor=None)
-    pools: dict[int, Any] = {}
+    pools: dict[str, Any] = {}
 
     def pool_for(role: str) -> Any:
+        """The actor's pool, or one of the role's own when `<role>.n_devices` is set."""
         if backend == "spmd":
             return None
-        n = cfg.world_size(role)
-        if n not in pools:
-            pools[n] = _ray_pool(cfg, n, name=f"megarl-{role}")
-        return pools[n]
+        key = role if role != "actor" and getattr(cfg, role).n_devices is not None else "actor"
+        if key not in pools:
+            pools[key] = _ray_pool(cfg, cfg.world_size(key), name=f"megarl-{key}")
+        return pools[key]
 
     try:
         colocated = {"actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})}

@@ -29,6 +29,7 @@ def sft_config(cfg: MegarlConfig) -> MegarlConfig:
     cfg = copy.deepcopy(cfg)
     cfg.algorithm.name = "sft"
     cfg.ref.enable = cfg.critic.enable = cfg.reward.enable = False
+    cfg.rollout.temperature = 1.0  # log-probs (the validation loss) of the model itself, not of a sampler
     return resolve_auto(cfg)
 
 
@@ -47,12 +48,20 @@ class SFTTrainer:
         self.batch_size = min(cfg.data.train_batch_size, len(self.examples))
         self.steps_per_epoch = len(self.examples) // self.batch_size
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
-        self.roles = build_roles(cfg, self.total_steps)
         self.output_dir = Path(cfg.trainer.output_dir)
-        backends = cfg.logging.backends if self.roles.is_writer else []
-        self.log = ProgressLog(
-            self.output_dir, self.total_steps, backends, stream=stream, every=cfg.logging.log_every
-        )
+        self.roles = build_roles(cfg, self.total_steps)
+        try:
+            self.log = ProgressLog(
+                self.output_dir,
+                self.total_steps,
+                cfg.logging.backends,
+                stream=stream,
+                every=cfg.logging.log_every,
+                writer=self.roles.is_writer,
+            )
+        except BaseException:
+            self.roles.shutdown()
+            raise
 
     def fit(self) -> Path:
         """Train, then export; returns the HF checkpoint directory."""

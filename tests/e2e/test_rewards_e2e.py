@@ -52,8 +52,7 @@ def test_rewards_from_a_reward_model_worker(rl_setup, tiny_reward_models, tmp_pa
         "reward.weights.function=0.0",
         "reward.weights.rm=1.0",
         "trainer.total_steps=1",
-        "trainer.eval_every=0",
-        "trainer.val_before_train=false",
+        "trainer.eval_every=0",  # validation once, before the step: scored by the reward model too
     )
     trainer = RLTrainer(cfg)
     seen = {}
@@ -64,5 +63,6 @@ def test_rewards_from_a_reward_model_worker(rl_setup, tiny_reward_models, tmp_pa
     trainer.flow.insert_after("reward", Stage("keep", keep, reads=("rm_scores", "scores")))
     history = trainer.fit()
     assert "reward_model" in trainer.flow.names and "timing/reward_model" in history[-1]
+    assert history[0]["step"] == 0 and "val/reward/mean" in history[0]
     assert torch.allclose(seen["scores"], seen["rm_scores"].float())  # the RM is the whole reward
     assert seen["rm_scores"].std() > 0  # a real model's scores, not a constant

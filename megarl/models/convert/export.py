@@ -33,22 +33,33 @@ def export_hf(
         for name, t in to_hf_tensors(full_megatron_tensors(chunks, arch), arch)
     }
     stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-    writer = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+    writer = (
+        ps.get_data_parallel_rank(with_context_parallel=True) == 0
+        and ps.get_tensor_model_parallel_rank() == 0
+    )
     file = "model.safetensors" if stages == 1 else f"model-{stage + 1:05d}-of-{stages:05d}.safetensors"
     if writer:
         save_file(tensors, staging / file, metadata={"format": "pt"})
     listing = [None] * dist.get_world_size()
     own = {name: (file, t.numel() * t.element_size()) for name, t in tensors.items()} if writer else {}
     dist.all_gather_object(listing, own)
+    failure = None
     if dist.get_rank() == 0:
-        (staging / "model").rmdir()  # begin_write's layout is the dist-checkpoint's
-        if stages > 1:
-            merged = {name: entry for part in listing for name, entry in part.items()}
-            index = {
-                "metadata": {"total_size": sum(size for _, size in merged.values())},
-                "weight_map": {name: f for name, (f, _) in sorted(merged.items())},
-            }
-            (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        copy_hf_metadata(source_hf_dir, staging)
+        try:
+            (staging / "model").rmdir()  # begin_write's layout is the dist-checkpoint's
+            if stages > 1:
+                merged = {name: entry for part in listing for name, entry in part.items()}
+                index = {
+                    "metadata": {"total_size": sum(size for _, size in merged.values())},
+                    "weight_map": {name: f for name, (f, _) in sorted(merged.items())},
+                }
+                (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            copy_hf_metadata(source_hf_dir, staging)
+        except OSError as e:
+            failure = f"writing the HF checkpoint {out_dir} failed on rank 0: {e}"
+    outcome = [failure]
+    dist.broadcast_object_list(outcome, src=0)  # every rank fails together instead of hanging in a barrier
+    if outcome[0]:
+        raise OSError(outcome[0])
     finish_write(staging, out_dir)  # collective
     return out_dir

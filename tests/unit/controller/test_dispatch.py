@@ -51,6 +51,15 @@ def test_dp_compute_pads_then_removes_padding():
     assert out["x"].tolist() == list(range(10)) and out["rank"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
 
 
+def test_padding_is_undone_when_each_input_row_yields_several_output_rows():
+    """generate returns n samples per prompt, adjacent: a padded prompt's n samples all go."""
+    ranks = ranks_of(ParallelLayout(world_size=4))
+    calls, context = split(Dispatch.DP_COMPUTE, (Batch(tensors={"x": torch.arange(10)}),), {}, ranks)
+    outputs = [Batch(tensors={"x": a[0]["x"].repeat_interleave(3)}) for a, _ in calls]  # n = 3 samples
+    out = collect(Dispatch.DP_COMPUTE, outputs, ranks, context)
+    assert out["x"].tolist() == torch.arange(10).repeat_interleave(3).tolist()
+
+
 def test_dp_compute_replicates_non_batch_arguments():
     ranks = ranks_of(ParallelLayout(world_size=2))
     calls, _ = split(Dispatch.DP_COMPUTE, (Batch(tensors={"x": torch.arange(4)}), 0.5), {"step": 3}, ranks)

@@ -35,6 +35,10 @@ def test_console_line_and_jsonl_record_every_step(tmp_path):
 
 def test_no_console_backend_prints_nothing_and_durations_read_naturally(tmp_path):
     out = io.StringIO()
-    ProgressLog(tmp_path, 2, ["jsonl"], stream=out).log(1, {"reward/mean": 1.0})
+    (tmp_path / "metrics.jsonl").write_text('{"step": 7}\n')  # an earlier run's: a new run starts afresh
+    ProgressLog(tmp_path, 2, [], stream=out).log(1, {"reward/mean": 1.0})
     assert out.getvalue() == ""
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 1.0}\n'
+    ProgressLog(tmp_path / "rank1", 2, ["console"], stream=out, writer=False).log(1, {"reward/mean": 1.0})
+    assert out.getvalue() == "" and not (tmp_path / "rank1").exists()
     assert (format_duration(5), format_duration(75), format_duration(7300)) == ("5s", "1m15s", "2h01m")

@@ -74,6 +74,9 @@ def test_a_cycle_of_edges_is_refused():
     flow = Dataflow([_stage("a", [], ["x"]), _stage("b", ["x"], [])])
     with pytest.raises(DataflowError, match="wait on each other"):
         flow.connect("b", "a")
+    assert flow.names == ["a", "b"]  # the refused edge is not kept
+    with pytest.raises(DataflowError, match="'b' exists already"):
+        flow.replace("a", _stage("b"))
 
 
 def test_a_stage_that_does_not_write_what_it_declares_fails():
