@@ -66,6 +66,18 @@ class ProgressLog:
             self.path.write_text("")
         self._step_seconds: list[float] = []
 
+    @classmethod
+    def for_run(cls, cfg: Any, total_steps: int, writer: bool, stream: TextIO | None = None) -> ProgressLog:
+        """The log of a run of `cfg` (a MegarlConfig): trainer.output_dir, logging.backends/log_every."""
+        return cls(
+            cfg.trainer.output_dir,
+            total_steps,
+            cfg.logging.backends,
+            stream=stream,
+            every=cfg.logging.log_every,
+            writer=writer,
+        )
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         if self.path is not None:

@@ -65,14 +65,7 @@ class RLTrainer:
         self.output_dir = Path(cfg.trainer.output_dir)
         try:  # the worker processes are up already: stop them if anything below fails
             self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
-            self.log = ProgressLog(
-                self.output_dir,
-                self.total_steps,
-                cfg.logging.backends,
-                stream=stream,
-                every=cfg.logging.log_every,
-                writer=self.is_writer,
-            )
+            self.log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, stream)
         except BaseException:
             self.close()
             raise

@@ -51,14 +51,7 @@ class SFTTrainer:
         self.output_dir = Path(cfg.trainer.output_dir)
         self.roles = build_roles(cfg, self.total_steps)
         try:
-            self.log = ProgressLog(
-                self.output_dir,
-                self.total_steps,
-                cfg.logging.backends,
-                stream=stream,
-                every=cfg.logging.log_every,
-                writer=self.roles.is_writer,
-            )
+            self.log = ProgressLog.for_run(cfg, self.total_steps, self.roles.is_writer, stream)
         except BaseException:
             self.roles.shutdown()
             raise
