@@ -99,6 +99,8 @@ class Col:
     RM_SCORES = "rm_scores"  # [n] fp32: the reward model's score of each sequence (compute_rm_score)
 
     # The driver (megarl.algorithms on the whole batch).
+    SCORES = "scores"  # [n] fp32: each sequence's reward (the trainer's reward stage)
+    BASELINE_SCORES = "baseline_scores"  # [n] fp32: ReMax's greedy-response score of the sample's prompt
     TOKEN_LEVEL_SCORES = "token_level_scores"  # [n, R] fp32: each sequence's score on its last token
     TOKEN_LEVEL_REWARDS = "token_level_rewards"  # [n, R] fp32: the scores less the in-reward KL penalty
     ADVANTAGES = "advantages"  # [n, R] fp32: the estimator's advantages (compute_advantages)

@@ -25,12 +25,19 @@ from megarl.algorithms import (
 from megarl.algorithms.advantages import scores_to_token_rewards
 from megarl.algorithms.aggregate import masked_mean
 from megarl.config.schema import MegarlConfig
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
 
-PROMPT_COLUMNS = ("prompts", "attention_mask")
-ROLLOUT_COLUMNS = ("responses", "input_ids", "attention_mask", "response_mask", "rollout_log_probs", "uid")
-SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+PROMPT_COLUMNS = (Col.PROMPTS, Col.ATTENTION_MASK)
+ROLLOUT_COLUMNS = (
+    Col.RESPONSES,
+    Col.INPUT_IDS,
+    Col.ATTENTION_MASK,
+    Col.RESPONSE_MASK,
+    Col.ROLLOUT_LOG_PROBS,
+    Col.UID,
+)
+SEQUENCE_COLUMNS = (Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES, Col.RESPONSE_MASK)
 
 # worker metric names -> the names users read in metrics.jsonl (verl's where verl has one)
 _RENAMES = {
@@ -68,16 +75,16 @@ def remax_baseline_stage(actor: Any, scoring: Callable[[], list[Stage]]) -> Stag
         greedy = actor.generate(prompts, validate=True)
         for stage in scoring():
             greedy = stage.run(ctx, greedy)
-        return {"baseline_scores": greedy["scores"].float()}
+        return {Col.BASELINE_SCORES: greedy[Col.SCORES].float()}
 
-    return Stage("remax_baseline", baseline, reads=PROMPT_COLUMNS, writes=("baseline_scores",))
+    return Stage("remax_baseline", baseline, reads=PROMPT_COLUMNS, writes=(Col.BASELINE_SCORES,))
 
 
 def reward_model_stage(reward_model: Any) -> Stage:
     def score(ctx: StepContext, batch: Batch) -> Batch:
         return reward_model.compute_rm_score(batch.select(SEQUENCE_COLUMNS))
 
-    return Stage("reward_model", score, reads=SEQUENCE_COLUMNS, writes=("rm_scores",))
+    return Stage("reward_model", score, reads=SEQUENCE_COLUMNS, writes=(Col.RM_SCORES,))
 
 
 def reward_stage(reward: Any, with_rm: bool) -> Stage:
@@ -87,11 +94,14 @@ def reward_stage(reward: Any, with_rm: bool) -> Stage:
     def score(ctx: StepContext, batch: Batch) -> dict:
         scores, metrics = reward.score(batch)
         ctx.metrics.update(metrics)
-        mask = batch["response_mask"]
-        return {"scores": scores.float(), "token_level_scores": scores_to_token_rewards(scores.float(), mask)}
+        mask = batch[Col.RESPONSE_MASK]
+        return {
+            Col.SCORES: scores.float(),
+            Col.TOKEN_LEVEL_SCORES: scores_to_token_rewards(scores.float(), mask),
+        }
 
-    reads = ("responses", "response_mask") + (("rm_scores",) if with_rm else ())
-    return Stage("reward", score, reads=reads, writes=("scores", "token_level_scores"))
+    reads = (Col.RESPONSES, Col.RESPONSE_MASK) + ((Col.RM_SCORES,) if with_rm else ())
+    return Stage("reward", score, reads=reads, writes=(Col.SCORES, Col.TOKEN_LEVEL_SCORES))
 
 
 class DynamicSamplingError(RuntimeError):
@@ -113,7 +123,7 @@ def filter_groups_stage(
         kept, generated, batches = [], 0, 1
         while True:
             generated += len(batch) // n
-            kept.append(batch[varied_groups(batch["scores"], batch["uid"])])
+            kept.append(batch[varied_groups(batch[Col.SCORES], batch[Col.UID])])
             have = sum(len(b) for b in kept) // n
             if have >= wanted:
                 break
@@ -131,7 +141,7 @@ def filter_groups_stage(
         ctx.metrics["dynamic_sampling/kept_group_frac"] = have / generated
         return Batch.concat(kept)[: wanted * n]
 
-    return Stage("filter_groups", keep_varied, reads=("scores", "uid"), new_rows=True)
+    return Stage("filter_groups", keep_varied, reads=(Col.SCORES, Col.UID), new_rows=True)
 
 
 def old_log_prob_stage(actor: Any) -> Stage:
@@ -139,18 +149,18 @@ def old_log_prob_stage(actor: Any) -> Stage:
 
     def log_prob(ctx: StepContext, batch: Batch) -> Batch:
         out = actor.log_prob(batch.select(SEQUENCE_COLUMNS))
-        mask = batch["response_mask"] > 0
-        diff = (out["old_log_probs"] - batch["rollout_log_probs"]).abs()[mask]
+        mask = batch[Col.RESPONSE_MASK] > 0
+        diff = (out[Col.OLD_LOG_PROBS] - batch[Col.ROLLOUT_LOG_PROBS]).abs()[mask]
         ctx.metrics["train_rollout_logprob_abs_diff"] = diff.mean().item() if diff.numel() else 0.0
         ctx.metrics["train_rollout_logprob_abs_diff_max"] = diff.max().item() if diff.numel() else 0.0
-        ctx.metrics["actor/entropy"] = masked_mean(out["entropy"], batch["response_mask"]).item()
+        ctx.metrics["actor/entropy"] = masked_mean(out[Col.ENTROPY], batch[Col.RESPONSE_MASK]).item()
         return out
 
     return Stage(
         "old_log_prob",
         log_prob,
-        reads=SEQUENCE_COLUMNS + ("rollout_log_probs",),
-        writes=("old_log_probs", "entropy"),
+        reads=SEQUENCE_COLUMNS + (Col.ROLLOUT_LOG_PROBS,),
+        writes=(Col.OLD_LOG_PROBS, Col.ENTROPY),
     )
 
 
@@ -158,28 +168,28 @@ def ref_log_prob_stage(ref: Any) -> Stage:
     def log_prob(ctx: StepContext, batch: Batch) -> Batch:
         return ref.ref_log_prob(batch.select(SEQUENCE_COLUMNS))
 
-    return Stage("ref_log_prob", log_prob, reads=SEQUENCE_COLUMNS, writes=("ref_log_probs",))
+    return Stage("ref_log_prob", log_prob, reads=SEQUENCE_COLUMNS, writes=(Col.REF_LOG_PROBS,))
 
 
 def values_stage(critic: Any) -> Stage:
     def values(ctx: StepContext, batch: Batch) -> Batch:
         return critic.values(batch.select(SEQUENCE_COLUMNS))
 
-    return Stage("values", values, reads=SEQUENCE_COLUMNS, writes=("values",))
+    return Stage("values", values, reads=SEQUENCE_COLUMNS, writes=(Col.VALUES,))
 
 
 def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
     """Token rewards (scores, minus kl_coef·KL when algorithm.use_kl_in_reward) -> advantages, returns."""
     algo = cfg.algorithm
     kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
-    inputs = {"gae": ("values",), "remax": ("baseline_scores",)}.get(algo.adv_estimator, ())
-    kl_inputs = ("old_log_probs", "ref_log_probs") if algo.use_kl_in_reward else ()
+    inputs = {"gae": (Col.VALUES,), "remax": (Col.BASELINE_SCORES,)}.get(algo.adv_estimator, ())
+    kl_inputs = (Col.OLD_LOG_PROBS, Col.REF_LOG_PROBS) if algo.use_kl_in_reward else ()
 
     def advantages(ctx: StepContext, batch: Batch) -> dict:
-        mask = batch["response_mask"].float()
-        token_rewards = batch["token_level_scores"].float()
+        mask = batch[Col.RESPONSE_MASK].float()
+        token_rewards = batch[Col.TOKEN_LEVEL_SCORES].float()
         if algo.use_kl_in_reward:
-            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algo.kl_estimator)
+            kl = kl_penalty(batch[Col.OLD_LOG_PROBS], batch[Col.REF_LOG_PROBS], algo.kl_estimator)
             token_rewards, kl_mean = apply_kl_penalty(token_rewards, kl, mask, kl_ctrl.value)
             ctx.metrics["kl/mean"], ctx.metrics["kl/coef"] = float(kl_mean), kl_ctrl.value
             kl_ctrl.update(kl_mean, len(batch))
@@ -187,35 +197,35 @@ def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
             algo.adv_estimator,
             token_rewards=token_rewards,
             scores=(token_rewards * mask).sum(-1),
-            values=batch["values"].float() if "values" in batch else None,
-            baseline_scores=batch["baseline_scores"].float() if "baseline_scores" in batch else None,
-            group_ids=torch.as_tensor(batch["uid"]).long(),
+            values=batch[Col.VALUES].float() if Col.VALUES in batch else None,
+            baseline_scores=batch[Col.BASELINE_SCORES].float() if Col.BASELINE_SCORES in batch else None,
+            group_ids=torch.as_tensor(batch[Col.UID]).long(),
             mask=mask,
             gamma=algo.gamma,
             lam=algo.lam,
         )
         ctx.metrics["advantages/mean"] = masked_mean(adv, mask).item()
-        return {"token_level_rewards": token_rewards, "advantages": adv, "returns": returns}
+        return {Col.TOKEN_LEVEL_REWARDS: token_rewards, Col.ADVANTAGES: adv, Col.RETURNS: returns}
 
     stage = Stage(
         "advantages",
         advantages,
-        reads=("token_level_scores", "response_mask", "uid", *inputs, *kl_inputs),
-        writes=("token_level_rewards", "advantages", "returns"),
+        reads=(Col.TOKEN_LEVEL_SCORES, Col.RESPONSE_MASK, Col.UID, *inputs, *kl_inputs),
+        writes=(Col.TOKEN_LEVEL_REWARDS, Col.ADVANTAGES, Col.RETURNS),
     )
     return stage, kl_ctrl
 
 
 def update_critic_stage(critic: Any) -> Stage:
     def update(ctx: StepContext, batch: Batch) -> None:
-        metrics = critic.update(batch.select([*SEQUENCE_COLUMNS, "values", "returns"]))
+        metrics = critic.update(batch.select([*SEQUENCE_COLUMNS, Col.VALUES, Col.RETURNS]))
         ctx.metrics.update(role_metrics("critic", metrics))
 
-    return Stage("update_critic", update, reads=("values", "returns"))
+    return Stage("update_critic", update, reads=(Col.VALUES, Col.RETURNS))
 
 
 def update_actor_stage(actor: Any, use_kl_loss: bool) -> Stage:
-    columns = ("old_log_probs", "advantages") + (("ref_log_probs",) if use_kl_loss else ())
+    columns = (Col.OLD_LOG_PROBS, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
 
     def update(ctx: StepContext, batch: Batch) -> None:
         metrics = actor.update(batch.select([*SEQUENCE_COLUMNS, *columns]))
@@ -230,7 +240,7 @@ def build_rl_dataflow(
     """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
     `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it)."""
     algo = cfg.algorithm
-    flow = Dataflow(inputs=(*PROMPT_COLUMNS, "uid"))
+    flow = Dataflow(inputs=(*PROMPT_COLUMNS, Col.UID))
 
     def before(name: str) -> Callable[[], list[Stage]]:
         """The flow's stages before `name` (prompts in, scored rollouts out), as they are when it runs."""
