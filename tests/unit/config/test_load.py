@@ -11,6 +11,19 @@ pytestmark = pytest.mark.unit
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 QUICKSTART = CONFIGS / "quickstart_grpo.yaml"
+# The sizes the expected messages below are written for (the shipped file's own may be retuned).
+SIZES = [
+    "data.train_batch_size=8",
+    "rollout.n=4",
+    "algorithm.ppo_mini_batch_size=4",
+    "actor.micro_batch_size=4",
+    "ref.micro_batch_size=4",
+    "actor.optimizer.lr=1e-5",
+    "trainer.total_steps=10",
+    "trainer.eval_every=5",
+    "data.max_prompt_length=64",
+    "data.max_response_length=32",
+]
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -44,6 +57,7 @@ def tiny_run(tmp_path: Path) -> list[str]:
         f"data.train_files=[{tmp_path / 'train.parquet'}]",
         f"data.val_files=[{tmp_path / 'val.parquet'}]",
         f"trainer.output_dir={tmp_path / 'run'}",
+        *SIZES,
     ]
 
 
@@ -236,7 +250,7 @@ def test_overrides_apply_in_order_on_top_of_the_file():
     assert cfg.actor.optimizer.lr == pytest.approx(3e-6)
     assert cfg.data.train_files == ["x.parquet"]
     assert cfg.rollout.top_k == 50
-    assert cfg.data.max_prompt_length == 64  # from the file
+    assert cfg.data.max_prompt_length == 32  # from the file
     assert cfg.actor.optimizer.betas == [0.9, 0.999]  # schema default
 
 
