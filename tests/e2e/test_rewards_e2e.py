@@ -19,7 +19,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-def test_a_verl_reward_file_and_verl_parquet_drive_a_run_unchanged(rl_setup, tmp_path):
+def test_a_verl_reward_file_and_verl_parquet_drive_a_dapo_run_unchanged(rl_setup, tmp_path):
+    """verl's files as they are, with DAPO's dynamic sampling (verl's algorithm.filter_groups) on."""
+    from megarl.rewards.dynamic_sampling import varied_groups
+
     rows = pq.read_table(rl_setup.data / "train.parquet").to_pylist()[:64]
     verl_rows = [
         verl_row(
@@ -36,12 +39,21 @@ def test_a_verl_reward_file_and_verl_parquet_drive_a_run_unchanged(rl_setup, tmp
         "data.val_files=[]",
         "trainer.eval_every=0",
         f"reward.function.path={reward_file}",
+        "algorithm.filter_groups.enable=true",
         "trainer.total_steps=1",
     )
-    history = RLTrainer(cfg).fit()
-    step = history[-1]
-    assert step["reward/acc/mean"] == pytest.approx(step["reward/mean"])  # score and acc are the same number
-    assert step["reward/chars/mean"] > 0 and step["reward/errors"] == 0
+    trainer = RLTrainer(cfg)
+    seen = {}
+    trainer.flow.insert_after(
+        "filter_groups", Stage("keep", lambda ctx, b: seen.update(batch=b), reads=("scores", "uid"))
+    )
+    step = trainer.fit()[-1]
+    assert step["reward/acc/mean"] >= 0 and step["reward/chars/mean"] > 0 and step["reward/errors"] == 0
+    batch = seen["batch"]  # what the step trained on: full, and only groups whose rewards vary
+    assert len(batch) == cfg.data.train_batch_size * cfg.rollout.n
+    assert bool(varied_groups(batch["scores"], batch["uid"]).all())
+    assert step["reward/mean"] == pytest.approx(batch["scores"].mean().item())
+    assert step["dynamic_sampling/gen_batches"] >= 1 and 0 < step["dynamic_sampling/kept_group_frac"] <= 1
 
 
 def test_rewards_from_a_reward_model_worker(rl_setup, tiny_reward_models, tmp_path):

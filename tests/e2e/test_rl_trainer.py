@@ -157,27 +157,3 @@ def test_other_estimators_run_end_to_end(rl_setup, tmp_path, estimator):
         assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"])
         assert h["train_rollout_logprob_abs_diff_max"] <= LOGPROB_TOLERANCE
     assert ("timing/remax_baseline" in train[0]) == (estimator == "remax")
-
-
-def test_dapo_dynamic_sampling_trains_only_on_groups_whose_rewards_vary(rl_setup, tmp_path):
-    from megarl.rewards.dynamic_sampling import varied_groups
-
-    cfg = rl_setup.grpo_config(
-        tmp_path,
-        "algorithm.filter_groups.enable=true",
-        "trainer.total_steps=1",
-        "trainer.eval_every=0",
-        "trainer.val_before_train=false",
-    )
-    trainer = RLTrainer(cfg)
-    seen = {}
-
-    def keep(ctx, batch):
-        seen["batch"] = batch
-
-    trainer.flow.insert_after("filter_groups", Stage("keep", keep, reads=("scores", "uid")))
-    step = trainer.fit()[-1]
-    batch = seen["batch"]
-    assert len(batch) == cfg.data.train_batch_size * cfg.rollout.n
-    assert bool(varied_groups(batch["scores"], batch["uid"]).all())
-    assert step["dynamic_sampling/gen_batches"] >= 1 and 0 < step["dynamic_sampling/kept_group_frac"] <= 1
