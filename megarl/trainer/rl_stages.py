@@ -26,17 +26,10 @@ from megarl.algorithms.advantages import scores_to_token_rewards
 from megarl.algorithms.aggregate import masked_mean
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch, Col
+from megarl.rollout.base import ROLLOUT_COLUMNS
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
 
 PROMPT_COLUMNS = (Col.PROMPTS, Col.ATTENTION_MASK)
-ROLLOUT_COLUMNS = (
-    Col.RESPONSES,
-    Col.INPUT_IDS,
-    Col.ATTENTION_MASK,
-    Col.RESPONSE_MASK,
-    Col.ROLLOUT_LOG_PROBS,
-    Col.UID,
-)
 SEQUENCE_COLUMNS = (Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES, Col.RESPONSE_MASK)
 
 # worker metric names -> the names users read in metrics.jsonl (verl's where verl has one)
