@@ -73,19 +73,18 @@ def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> i
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     start = _step(4, "GRPO through the 3D-HybridEngine (configs/quickstart_grpo.yaml)")
-    history = RLTrainer(load_config(CONFIGS / "quickstart_grpo.yaml", grpo_overrides)).fit()
+    RLTrainer(load_config(CONFIGS / "quickstart_grpo.yaml", grpo_overrides)).fit()
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
-    val = [h for h in history if "val/reward/mean" in h]
-    before, after = val[0]["val/reward/mean"], val[-1]["val/reward/mean"]
-    train = [h for h in history if h["step"] > 0]
+    run = json.loads((out / "grpo" / "summary.json").read_text())  # the trainer's own summary
+    before, after = run["val_reward_before"], run["val_reward_after"]
     summary = {
         "task": TASK,
         "seed": seed,
         "val_accuracy_before_grpo": before,
         "val_accuracy_after_grpo": after,
-        "grpo_steps": len(train),
-        "max_train_rollout_logprob_abs_diff": max(h["train_rollout_logprob_abs_diff_max"] for h in train),
+        "grpo_steps": run["steps"],
+        "max_train_rollout_logprob_abs_diff": run["max_train_rollout_logprob_abs_diff"],
         "wall_seconds": time.perf_counter() - began,
         "metrics": str(out / "grpo" / "metrics.jsonl"),
     }
@@ -93,7 +92,7 @@ def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> i
     improved = after > before
     print(
         f"validation accuracy (greedy, {TASK}): {before:.1%} before GRPO -> {after:.1%} after "
-        f"{len(train)} steps; {'LEARNED' if improved else 'DID NOT IMPROVE'} — {out / 'summary.json'} "
+        f"{run['steps']} steps; {'LEARNED' if improved else 'DID NOT IMPROVE'} — {out / 'summary.json'} "
         f"({summary['wall_seconds']:.0f}s)"
     )
     return 0 if improved else 1
