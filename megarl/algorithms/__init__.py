@@ -1,8 +1,10 @@
 """RL estimators and losses as pure tensor functions (no torch.distributed, no Megatron).
 
-`aggregate` reduces token tensors to a loss, `advantages` turns rewards into advantages, `kl` measures
-and controls KL to the reference, `policy_loss` / `value_loss` are the actor's and critic's objectives;
-`estimator_traits` says what each advantage estimator needs (the critic, groups of samples).
+`aggregate` reduces token tensors to a loss, `advantages` turns rewards into advantages (the newer
+group estimators live in `group_advantages`, on the float64 group statistics of `groups` and the
+per-token helpers of `tokens`), `pf_ppo` resamples a batch by its scores (PF-PPO), `kl` measures and
+controls KL to the reference, `policy_loss` / `value_loss` are the actor's and critic's objectives;
+`estimator_traits` says what each advantage estimator needs (the critic, groups of samples, Σπ²).
 
 The names below load their module on first use: importing the package (or `estimator_traits`, which
 config validation reads) does not import torch.
@@ -17,6 +19,19 @@ _MODULE_OF = {
     "ESTIMATORS": "advantages",
     "compute_advantages": "advantages",
     "scores_to_token_rewards": "advantages",
+    "gpg": "group_advantages",
+    "grpo_passk": "group_advantages",
+    "opo": "group_advantages",
+    "optimal_token_baseline": "group_advantages",
+    "GroupStats": "groups",
+    "Groups": "groups",
+    "group_stats": "groups",
+    "REWEIGHT_METHODS": "pf_ppo",
+    "pf_ppo_resample": "pf_ppo",
+    "pf_ppo_weights": "pf_ppo",
+    "on_tokens": "tokens",
+    "returns_to_go": "tokens",
+    "zero_padding": "tokens",
     "LOSS_AGG_MODES": "aggregate",
     "aggregate": "aggregate",
     "masked_mean": "aggregate",

@@ -3,9 +3,15 @@
 Every estimator returns `(advantages, returns)`, both [batch, response_len] and 0 on padding. Inputs:
 `token_rewards` [batch, len] (a sequence's score sits on its last real token, see
 `scores_to_token_rewards`), `values` [batch, len] from the critic, `scores` [batch] one number per
-sequence, `group_ids` [batch] int64 (samples of one prompt share an id, in any order), and `mask`
-[batch, len] (1 = real response token). Padding positions are skipped by the recursions over time, so
+sequence, `group_ids` [batch] int64 (samples of one prompt share an id, in any order), `mask`
+[batch, len] (1 = real response token), and for the optimal token baseline the actor's `old_log_probs`
+and `sum_pi_squared` [batch, len]. Padding positions are skipped by the recursions over time, so
 the value after a response's last real token is 0.
+
+Estimators that compare the samples of one prompt compute their group statistics in float64
+(`groups.group_stats`): a group whose scores are all equal gets advantage exactly 0 (before
+reinforce_plus_plus_baseline's batch whitening), and the outputs have the inputs' dtype.
+`group_advantages` holds the newer group estimators (GRPO pass@k, OPO, GPG, optimal token baseline).
 
 Pick one by name with `compute_advantages(name, **inputs)`; `ESTIMATORS` lists the names.
 """
@@ -18,8 +24,9 @@ from collections.abc import Callable
 import torch
 
 from megarl.algorithms.aggregate import masked_whiten
-
-Advantages = tuple[torch.Tensor, torch.Tensor]
+from megarl.algorithms.group_advantages import Advantages, gpg, grpo_passk, opo, optimal_token_baseline
+from megarl.algorithms.groups import group_stats
+from megarl.algorithms.tokens import on_tokens, returns_to_go, zero_padding
 
 
 @torch.no_grad()
@@ -46,8 +53,8 @@ def gae(
         next_value = torch.where(real[:, t], values[:, t], next_value)
         next_advantage = torch.where(real[:, t], advantage, next_advantage)
         advantages[:, t] = advantage
-    advantages = _zero_padding(advantages, mask)
-    returns = _zero_padding(advantages + values, mask)
+    advantages = zero_padding(advantages, mask)
+    returns = zero_padding(advantages + values, mask)
     if whiten:
         advantages = masked_whiten(advantages, mask)
     return advantages, returns
@@ -63,16 +70,16 @@ def grpo(
 ) -> Advantages:
     """GRPO: (score − group mean) / (group std + eps) on every token of the response; returns = advantages.
 
-    The std is unbiased (like torch.std); a group whose scores are all equal gets advantage 0. A group of
-    a single sample has no baseline: mean 0 and std 1 (verl's convention), so its advantage is its score
-    (/(1 + eps)). `norm_by_std=False` skips the division (Dr.GRPO).
+    The std is unbiased (like torch.std); a group whose scores are all equal gets advantage exactly 0. A
+    group of a single sample has no baseline: mean 0 and std 1 (verl's convention), so its advantage is its
+    score (/(1 + eps)). `norm_by_std=False` skips the division (Dr.GRPO).
     """
-    count, mean, std = _group_moments(scores, group_ids)
-    single = count == 1
-    advantage = scores - torch.where(single, 0.0, mean)
+    stats = group_stats(scores, group_ids)
+    single = stats.count == 1
+    advantage = scores.double() - torch.where(single, 0.0, stats.mean)
     if norm_by_std:
-        advantage = advantage / (torch.where(single, 1.0, std) + eps)
-    advantages = _broadcast(advantage, mask)
+        advantage = advantage / (torch.where(single, 1.0, stats.std) + eps)
+    advantages = on_tokens(advantage.to(scores.dtype), mask)
     return advantages, advantages
 
 
@@ -85,12 +92,14 @@ def drgrpo(scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor) ->
 def rloo(scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor) -> Advantages:
     """REINFORCE leave-one-out: r_i − mean of the other samples' scores in its group; returns = advantages.
 
-    A sample alone in its group keeps its score r_i.
+    A sample alone in its group keeps its score r_i; an all-equal group gets exactly 0.
     """
-    count, mean, _ = _group_moments(scores, group_ids)
-    others = count - 1
-    baseline = torch.where(others > 0, (mean * count - scores) / others.clamp(min=1), 0.0)
-    advantages = _broadcast(scores - baseline, mask)
+    stats = group_stats(scores, group_ids)
+    others = stats.count - 1
+    scores64 = scores.double()
+    leave_one_out = torch.where(stats.equal, scores64, (stats.sum(scores64) - scores64) / others.clamp(min=1))
+    advantage = scores64 - torch.where(others > 0, leave_one_out, 0.0)
+    advantages = on_tokens(advantage.to(scores.dtype), mask)
     return advantages, advantages
 
 
@@ -100,7 +109,7 @@ def reinforce_plus_plus(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: 
 
     returns = the return-to-go before whitening.
     """
-    returns = _returns_to_go(token_rewards, mask, gamma)
+    returns = returns_to_go(token_rewards, mask, gamma)
     return masked_whiten(returns, mask), returns
 
 
@@ -109,10 +118,14 @@ def reinforce_plus_plus_baseline(
     scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor
 ) -> Advantages:
     """REINFORCE++ with a group baseline: score − group mean on every token, whitened over the masked
-    batch; returns = advantages. A sample alone in its group has baseline 0."""
-    count, mean, _ = _group_moments(scores, group_ids)
-    centered = _broadcast(scores - torch.where(count == 1, 0.0, mean), mask)
-    advantages = masked_whiten(centered, mask)
+    batch; returns = advantages. A sample alone in its group has baseline 0.
+
+    An all-equal group is centred to exactly 0, so after whitening (which, as in the paper, subtracts the
+    batch's token mean) all its tokens hold the same value −mean/std whatever its scores.
+    """
+    stats = group_stats(scores, group_ids)
+    centered = scores.double() - torch.where(stats.count == 1, 0.0, stats.mean)
+    advantages = masked_whiten(on_tokens(centered.to(scores.dtype), mask), mask)
     return advantages, advantages
 
 
@@ -120,8 +133,8 @@ def reinforce_plus_plus_baseline(
 def remax(token_rewards: torch.Tensor, baseline_scores: torch.Tensor, mask: torch.Tensor) -> Advantages:
     """ReMax (Li et al. 2023): return-to-go (γ = 1) minus the score of the greedy response to the same
     prompt (`baseline_scores` [batch]); returns = the return-to-go."""
-    returns = _returns_to_go(token_rewards, mask, 1.0)
-    return _zero_padding(returns - baseline_scores[:, None], mask), returns
+    returns = returns_to_go(token_rewards, mask, 1.0)
+    return zero_padding(returns - baseline_scores[:, None], mask), returns
 
 
 def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -143,6 +156,10 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
     "reinforce_plus_plus": reinforce_plus_plus,
     "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
     "remax": remax,
+    "grpo_passk": grpo_passk,
+    "opo": opo,
+    "gpg": gpg,
+    "optimal_token_baseline": optimal_token_baseline,
 }
 
 
@@ -159,38 +176,3 @@ def compute_advantages(name: str, **inputs: object) -> Advantages:
             f"advantage estimator {name!r} needs {', '.join(missing)}; it takes {', '.join(params)}"
         )
     return estimator(**{k: v for k, v in inputs.items() if k in params})
-
-
-def _group_moments(
-    scores: torch.Tensor, group_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per sample: (size, mean, unbiased std) of its group; std is 0 for a group of one."""
-    _, group = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(group.max()) + 1 if group.numel() else 0
-
-    def group_sum(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n_groups, dtype=x.dtype, device=x.device).index_add_(0, group, x)[group]
-
-    count = group_sum(torch.ones_like(scores))
-    mean = group_sum(scores) / count
-    squares = group_sum((scores - mean) ** 2)
-    std = torch.sqrt(torch.where(count > 1, squares / (count - 1).clamp(min=1), 0.0))
-    return count, mean, std
-
-
-def _returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    real = mask > 0
-    running = torch.zeros_like(token_rewards[:, 0])
-    returns = torch.zeros_like(token_rewards)
-    for t in reversed(range(token_rewards.shape[-1])):
-        running = torch.where(real[:, t], token_rewards[:, t] + gamma * running, running)
-        returns[:, t] = running
-    return _zero_padding(returns, mask)
-
-
-def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return _zero_padding(per_sequence[:, None].expand(mask.shape), mask)
-
-
-def _zero_padding(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask > 0, tokens, 0.0)

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 class EstimatorTraits:
     needs_critic: bool = False  # takes the critic's `values`: the critic must run
     needs_group: bool = False  # compares the samples of one prompt (`group_ids`): rollout.n ≥ 2
+    # takes `old_log_probs` and `sum_pi_squared` (Σ_v π_v² of each token's distribution): the actor's
+    # log-prob pass must also report Σπ²
+    needs_sum_pi_squared: bool = False
 
 
 ESTIMATOR_TRAITS: dict[str, EstimatorTraits] = {
@@ -24,6 +27,10 @@ ESTIMATOR_TRAITS: dict[str, EstimatorTraits] = {
     "reinforce_plus_plus": EstimatorTraits(),
     "reinforce_plus_plus_baseline": EstimatorTraits(needs_group=True),
     "remax": EstimatorTraits(),
+    "grpo_passk": EstimatorTraits(needs_group=True),
+    "opo": EstimatorTraits(needs_group=True),
+    "gpg": EstimatorTraits(needs_group=True),
+    "optimal_token_baseline": EstimatorTraits(needs_group=True, needs_sum_pi_squared=True),
 }
 
 CRITIC_ESTIMATORS = tuple(name for name, t in ESTIMATOR_TRAITS.items() if t.needs_critic)

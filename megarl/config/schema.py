@@ -21,7 +21,17 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
 AlgorithmName = Literal["ppo", "grpo", "dpo", "sft"]
 AdvEstimator = Literal[
-    "gae", "grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"
+    "gae",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "grpo_passk",
+    "opo",
+    "gpg",
+    "optimal_token_baseline",
 ]
 KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 KlController = Literal["fixed", "adaptive"]
@@ -244,8 +254,12 @@ class AlgorithmConfig:
     name: AlgorithmName = "ppo"  # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "dpo" | "sft"
     # how advantages are estimated (megarl.algorithms.advantages): "gae" (needs the critic) | "grpo" |
     # "drgrpo" (GRPO without the std division) | "rloo" | "reinforce_plus_plus" |
-    # "reinforce_plus_plus_baseline" | "remax" (baseline = the greedy response's score).
-    # grpo, drgrpo, rloo and reinforce_plus_plus_baseline compare the samples of a prompt: rollout.n ≥ 2.
+    # "reinforce_plus_plus_baseline" | "remax" (baseline = the greedy response's score) |
+    # "grpo_passk" (pass@k: only a group's unique best response learns, from best − second best) |
+    # "opo" (baseline = the length-weighted mean score of the group) | "gpg" (group mean baseline, scaled
+    # by batch / samples in groups that give a gradient) | "optimal_token_baseline" (a per-token baseline
+    # weighted by the path's gradient norm; needs the actor's Σπ² per token).
+    # All but gae, reinforce_plus_plus and remax compare the samples of a prompt: rollout.n ≥ 2.
     # None = auto: "grpo" for name=grpo (which also allows "drgrpo"), else "gae"
     adv_estimator: AdvEstimator | None = None
     gamma: float = 1.0  # discount factor, in [0, 1]

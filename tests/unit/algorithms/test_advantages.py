@@ -180,6 +180,10 @@ def test_every_estimator_is_zero_on_padding(gen, mask, token_rewards):
         scores=SCORES,
         group_ids=GROUP_IDS,
         baseline_scores=SCORES.flip(0),
+        old_log_probs=torch.where(mask > 0, -randn(gen, *mask.shape).abs(), float("nan")),
+        sum_pi_squared=torch.where(
+            mask > 0, torch.rand(mask.shape, generator=gen, dtype=torch.float64), float("nan")
+        ),
         mask=mask,
         gamma=0.95,
         lam=0.9,
@@ -200,6 +204,10 @@ def test_registry_names_and_errors(mask):
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
         "remax",
+        "grpo_passk",
+        "opo",
+        "gpg",
+        "optimal_token_baseline",
     }
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; use one of gae, grpo, drgrpo"):
         compute_advantages("ppo", scores=SCORES, group_ids=GROUP_IDS, mask=mask)

@@ -326,6 +326,9 @@ def test_auto_roles_follow_the_algorithm():
         ],
         ["algorithm.name=ppo", "algorithm.adv_estimator=rloo"],
         ["algorithm.name=ppo", "algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=grpo_passk"],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=opo"],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=gpg"],
         ["algorithm.name=ppo", "algorithm.adv_estimator=remax", "algorithm.use_kl_in_reward=true"],
         [
             "algorithm.name=ppo",

@@ -43,6 +43,7 @@ def test_every_estimator_has_traits_that_match_its_signature():
         traits = ESTIMATOR_TRAITS[name]
         assert traits.needs_critic == ("values" in params), name
         assert traits.needs_group == ("group_ids" in params), name
+        assert traits.needs_sum_pi_squared == ("sum_pi_squared" in params), name
 
 
 def test_every_listed_name_is_implemented():
