@@ -1,8 +1,10 @@
 """RL estimators and losses as pure tensor functions (no torch.distributed, no Megatron).
 
 `aggregate` reduces token tensors to a loss, `advantages` turns rewards into advantages, `kl` measures
-and controls KL to the reference, `policy_loss` / `value_loss` are the actor's and critic's objectives;
-`estimator_traits` says what each advantage estimator needs (the critic, groups of samples).
+and controls KL to the reference, `policy_loss` (with `cov_losses` and the shared `loss_terms`) /
+`value_loss` are the actor's and critic's objectives, `rollout_correction` weights and masks tokens for
+the rollout/trainer mismatch; `estimator_traits` says what each advantage estimator needs (the critic,
+groups of samples).
 
 The names below load their module on first use: importing the package (or `estimator_traits`, which
 config validation reads) does not import torch.
@@ -32,10 +34,20 @@ _MODULE_OF = {
     "apply_kl_penalty": "kl",
     "build_kl_controller": "kl",
     "kl_penalty": "kl",
+    "clip_cov_loss": "cov_losses",
+    "kl_cov_loss": "cov_losses",
+    "LOSS_PARAMS": "policy_loss",
     "POLICY_LOSSES": "policy_loss",
+    "cispo_loss": "policy_loss",
     "entropy_bonus": "policy_loss",
+    "gmpo_loss": "policy_loss",
     "gspo_loss": "policy_loss",
     "ppo_clip_loss": "policy_loss",
+    "reinforce_loss": "policy_loss",
+    "sapo_loss": "policy_loss",
+    "IS_LEVELS": "rollout_correction",
+    "RS_LEVELS": "rollout_correction",
+    "compute_rollout_correction": "rollout_correction",
     "clipped_value_loss": "value_loss",
 }
 
