@@ -3,8 +3,10 @@
 `aggregate` reduces token tensors to a loss, `advantages` turns rewards into advantages (the newer
 group estimators live in `group_advantages`, on the float64 group statistics of `groups` and the
 per-token helpers of `tokens`), `pf_ppo` resamples a batch by its scores (PF-PPO), `kl` measures and
-controls KL to the reference, `policy_loss` / `value_loss` are the actor's and critic's objectives;
-`estimator_traits` says what each advantage estimator needs (the critic, groups of samples, Σπ²).
+controls KL to the reference, `policy_loss` (with `cov_losses` and the shared `loss_terms`) /
+`value_loss` are the actor's and critic's objectives, `rollout_correction` weights and masks tokens for
+the rollout/trainer mismatch; `estimator_traits` says what each advantage estimator needs (the critic,
+groups of samples, Σπ²).
 
 The names below load their module on first use: importing the package (or `estimator_traits`, which
 config validation reads) does not import torch.
@@ -47,10 +49,20 @@ _MODULE_OF = {
     "apply_kl_penalty": "kl",
     "build_kl_controller": "kl",
     "kl_penalty": "kl",
+    "clip_cov_loss": "cov_losses",
+    "kl_cov_loss": "cov_losses",
+    "LOSS_PARAMS": "policy_loss",
     "POLICY_LOSSES": "policy_loss",
+    "cispo_loss": "policy_loss",
     "entropy_bonus": "policy_loss",
+    "gmpo_loss": "policy_loss",
     "gspo_loss": "policy_loss",
     "ppo_clip_loss": "policy_loss",
+    "reinforce_loss": "policy_loss",
+    "sapo_loss": "policy_loss",
+    "IS_LEVELS": "rollout_correction",
+    "RS_LEVELS": "rollout_correction",
+    "compute_rollout_correction": "rollout_correction",
     "clipped_value_loss": "value_loss",
 }
 

@@ -1,39 +1,63 @@
 """KL(policy ‖ reference) per token, the in-reward KL penalty and its coefficient controllers.
 
-The estimators follow John Schulman's "Approximating KL divergence" note (k1, k2, k3) on samples of the
-policy; "low_var_kl" is verl's name for k3 clamped to [-10, 10].
+The estimators are verl's `kl_penalty` vocabulary (`algorithm.kl_penalty`, `actor.kl_loss_type`), after
+John Schulman's "Approximating KL divergence" note, on samples of the policy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from megarl.algorithms.aggregate import masked_mean
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+
+def _k1(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    return log_prob - ref_log_prob
+
+
+def _k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    # the log-ratio is bounded first so exp cannot overflow (an inf would turn the gradient into nan)
+    log_ratio = torch.clamp(ref_log_prob - log_prob, -20, 20)
+    return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, -10, 10)
+
+
+def _k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (log_prob - ref_log_prob) ** 2
+
+
+_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _k1,
+    "k2": _k2,
+    "k3": _k3,
+    "low_var_kl": _k3,
+    "kl": _k1,
+    "mse": _k2,
+    "abs": lambda log_prob, ref: (log_prob - ref).abs(),
+}
+KL_ESTIMATORS = (*_ESTIMATORS, *(f"{name}+" for name in _ESTIMATORS))
 KL_CONTROLLERS = ("fixed", "adaptive")
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL estimate from the sampled tokens' log-probs under the policy and the reference.
 
-    "k1" = logp − ref; "k2" = ½ (logp − ref)²; "k3" = exp(ref − logp) − (ref − logp) − 1 (unbiased, ≥ 0);
-    "low_var_kl" = k3 clamped to [-10, 10].
+    "k1" = "kl" = logp − ref; "abs" = |logp − ref|; "k2" = "mse" = ½ (logp − ref)²; "k3" = "low_var_kl" =
+    exp(ref − logp) − (ref − logp) − 1 with ref − logp clamped to ±20 and the result to [−10, 10]
+    (verl's clamped k3). A "+" suffix (e.g. "k3+") keeps the value of the named estimator but takes the
+    gradient of k2, logp − ref, whose expectation is the gradient of KL: k2 − sg(k2) + sg(value), verl's
+    straight-through rule ("k2+" / "mse+" are plain k2). verl's "full" (needs all logits) is not offered.
     """
-    if estimator == "k1":
-        return log_prob - ref_log_prob
-    if estimator == "k2":
-        return 0.5 * (log_prob - ref_log_prob) ** 2
-    if estimator == "k3":
-        log_ratio = ref_log_prob - log_prob
-        return torch.exp(log_ratio) - log_ratio - 1
-    if estimator == "low_var_kl":
-        # the log-ratio is bounded first so exp cannot overflow (an inf would turn the gradient into nan)
-        log_ratio = torch.clamp(ref_log_prob - log_prob, -20, 20)
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, -10, 10)
-    raise ValueError(f"unknown KL estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
+    base = estimator[:-1] if estimator.endswith("+") else estimator
+    if base not in _ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
+    value = _ESTIMATORS[base](log_prob, ref_log_prob)
+    if base == estimator or _ESTIMATORS[base] is _k2:
+        return value
+    k2 = _k2(log_prob, ref_log_prob)
+    return k2 - k2.detach() + value.detach()
 
 
 def apply_kl_penalty(

@@ -33,10 +33,25 @@ AdvEstimator = Literal[
     "gpg",
     "optimal_token_baseline",
 ]
-KlEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+KlEstimator = Literal[
+    "k1",
+    "k2",
+    "k3",
+    "low_var_kl",
+    "kl",
+    "mse",
+    "abs",
+    "k1+",
+    "k2+",
+    "k3+",
+    "low_var_kl+",
+    "kl+",
+    "mse+",
+    "abs+",
+]
 KlController = Literal["fixed", "adaptive"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PolicyLoss = Literal["vanilla", "gspo"]
+PolicyLoss = Literal["vanilla", "gspo", "cispo", "sapo", "gpg", "reinforce", "geo_mean", "clip_cov", "kl_cov"]
 RolloutEngine = Literal["vllm"]
 RewardBackend = Literal["megatron", "hf"]
 RewardKind = Literal["classifier", "embedding_similarity"]

@@ -28,3 +28,16 @@ def gen() -> torch.Generator:
 
 def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+def row_factors(lengths: list[int], mode: str, num_seqs: int | None = None, horizon: int = RESPONSE_LEN):
+    """d(aggregated loss) / d(one token's loss) for each row under `mode`, written from its definition."""
+    seqs = len(lengths) if num_seqs is None else num_seqs
+    if mode == "token-mean":
+        return [1 / sum(lengths)] * len(lengths)
+    if mode == "seq-mean-token-mean":
+        return [1 / (n * seqs) if n else 0.0 for n in lengths]
+    if mode == "seq-mean-token-sum":
+        return [1 / seqs] * len(lengths)
+    assert mode == "seq-mean-token-sum-norm"
+    return [1 / (seqs * horizon)] * len(lengths)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from megarl.algorithms.kl import (
+    KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
@@ -18,45 +20,71 @@ from tests.unit.algorithms.conftest import LENGTHS, RESPONSE_LEN, randn
 
 pytestmark = pytest.mark.unit
 
-LOGP = [-0.5, -2.0, -1.0, -30.0, -0.1]
-REF = [-0.7, -1.0, -1.0, -0.2, -40.0]  # the last two differ by ~30 and ~40 nats: low_var_kl clamps
+LOGP = [-0.5, -2.0, -1.0, -30.0, -0.1, -3.0]
+REF = [-0.7, -1.0, -1.0, -0.2, -40.0, -50.0]  # the last three differ by ~30, ~40, 47 nats: k3 clamps
 
 
 def k3(logp: float, ref: float) -> float:
-    d = ref - logp
-    return math.exp(d) - d - 1
+    """verl's k3 / low_var_kl: Schulman's k3 with ref − logp clamped to ±20, then the value to [−10, 10]."""
+    d = min(max(ref - logp, -20.0), 20.0)
+    return min(max(math.exp(d) - d - 1, -10.0), 10.0)
 
 
 FORMULAS = {
     "k1": lambda lp, r: lp - r,
+    "kl": lambda lp, r: lp - r,
+    "abs": lambda lp, r: abs(lp - r),
     "k2": lambda lp, r: 0.5 * (lp - r) ** 2,
+    "mse": lambda lp, r: 0.5 * (lp - r) ** 2,
     "k3": k3,
-    "low_var_kl": lambda lp, r: min(max(k3(lp, r), -10.0), 10.0),
+    "low_var_kl": k3,
 }
 
 
-@pytest.mark.parametrize("estimator", list(FORMULAS))
-def test_estimators_match_formulas(estimator):
-    got = kl_penalty(
-        torch.tensor(LOGP, dtype=torch.float64), torch.tensor(REF, dtype=torch.float64), estimator
+def test_the_vocabulary_is_verls_and_every_base_has_a_straight_through_form():
+    assert set(KL_ESTIMATORS) == set(FORMULAS) | {f"{name}+" for name in FORMULAS}
+
+
+@pytest.mark.parametrize("estimator", KL_ESTIMATORS)
+def test_estimators_match_formulas_and_plus_forms_take_the_k2_gradient(estimator):
+    base = estimator.removesuffix("+")
+    logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    kl = kl_penalty(logp, torch.tensor(REF, dtype=torch.float64), estimator)
+    (grad,) = torch.autograd.grad(kl.sum(), logp)
+    assert kl.tolist() == pytest.approx(
+        [FORMULAS[base](lp, r) for lp, r in zip(LOGP, REF)], rel=1e-12, abs=1e-12
     )
-    expected = [FORMULAS[estimator](lp, r) for lp, r in zip(LOGP, REF)]
-    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    if estimator.endswith("+"):
+        # d/dlogp of k2 = ½ (logp − ref)²
+        assert grad.tolist() == pytest.approx([lp - r for lp, r in zip(LOGP, REF)], rel=1e-12, abs=1e-12)
 
 
-def test_low_var_kl_gradient_stays_finite_far_from_the_reference():
+@pytest.mark.parametrize("estimator", ["k1", "abs", "k3"])
+def test_plain_estimators_keep_their_own_gradient(estimator):
+    logp = torch.tensor(LOGP[:3], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor(REF[:3], dtype=torch.float64)
+    (grad,) = torch.autograd.grad(kl_penalty(logp, ref, estimator).sum(), logp)
+    d = (logp - ref).detach()
+    expected = {"k1": torch.ones_like(d), "abs": torch.sign(d), "k3": 1 - torch.exp(-d)}[estimator]
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_k3_gradient_stays_finite_far_from_the_reference():
     logp = torch.tensor([-200.0, 0.0, -1.0], requires_grad=True)
     ref = torch.tensor([0.0, -200.0, -1.2])
-    kl = kl_penalty(logp, ref, "low_var_kl")
+    kl = kl_penalty(logp, ref, "k3")
     kl.sum().backward()
     assert kl[0].item() == 10.0 and torch.isfinite(logp.grad).all()
     # in range, d/dlogp of exp(ref − logp) − (ref − logp) − 1 = 1 − exp(ref − logp)
     assert logp.grad[2].item() == pytest.approx(1 - math.exp(-0.2), rel=1e-5)
 
 
-def test_unknown_estimator_is_named():
-    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; use one of k1, k2, k3, low_var_kl"):
-        kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+@pytest.mark.parametrize("estimator", ["k4", "k3++", "full"])
+def test_unknown_estimator_is_named(estimator):
+    with pytest.raises(
+        ValueError, match=f"unknown KL estimator '{re.escape(estimator)}'; use one of k1, k2, k3"
+    ):
+        kl_penalty(torch.zeros(1), torch.zeros(1), estimator)
 
 
 def test_apply_kl_penalty_only_touches_real_tokens(gen, mask):

@@ -162,7 +162,7 @@ INVALID = [
         ["rollout.n=1 but algorithm.adv_estimator=reinforce_plus_plus_baseline"],
     ),
     (["algorithm.clip_ratio_c=1.0"], ["algorithm.clip_ratio_c=1.0 must be > 1", "e.g. 3.0, or null"]),
-    (["algorithm.policy_loss=gpg"], ["algorithm.policy_loss=gpg", "one of vanilla, gspo"]),
+    (["algorithm.policy_loss=dppo_tv"], ["algorithm.policy_loss=dppo_tv", "one of vanilla, gspo, cispo"]),
     (["algorithm.loss_agg_mode=seq-mean"], ["algorithm.loss_agg_mode=seq-mean", "seq-mean-token-sum-norm"]),
     (["algorithm.kl_ctrl=pid"], ["algorithm.kl_ctrl=pid", "one of fixed, adaptive"]),
     (
