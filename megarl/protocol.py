@@ -94,6 +94,8 @@ class Col:
     # The workers; per-token values are 0 where response_mask is 0.
     OLD_LOG_PROBS = "old_log_probs"  # [n, R] fp32: the actor's log-probs before the update (log_prob)
     ENTROPY = "entropy"  # [n, R] fp32: the actor's entropy of each token's distribution (log_prob)
+    # [n, R] fp32: Σ_v π_v² of each token's distribution (log_prob, when the estimator needs it: OTB)
+    SUM_PI_SQUARED = "sum_pi_squared"
     REF_LOG_PROBS = "ref_log_probs"  # [n, R] fp32: the reference policy's log-probs (ref_log_prob)
     VALUES = "values"  # [n, R] fp32: the critic's V(state before each response token) (critic.values)
     RM_SCORES = "rm_scores"  # [n] fp32: the reward model's score of each sequence (compute_rm_score)
@@ -102,6 +104,8 @@ class Col:
     SCORES = "scores"  # [n] fp32: each sequence's reward (the trainer's reward stage)
     BASELINE_SCORES = "baseline_scores"  # [n] fp32: ReMax's greedy-response score of the sample's prompt
     TOKEN_LEVEL_SCORES = "token_level_scores"  # [n, R] fp32: each sequence's score on its last token
+    # [n, R] fp32: truncated IS weights old / rollout of each token (algorithm.rollout_correction.rollout_is)
+    ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
     TOKEN_LEVEL_REWARDS = "token_level_rewards"  # [n, R] fp32: the scores less the in-reward KL penalty
     ADVANTAGES = "advantages"  # [n, R] fp32: the estimator's advantages (compute_advantages)
     RETURNS = "returns"  # [n, R] fp32: the critic's targets (compute_advantages)

@@ -51,7 +51,7 @@ _MODULE_OF = {
     "kl_penalty": "kl",
     "clip_cov_loss": "cov_losses",
     "kl_cov_loss": "cov_losses",
-    "LOSS_PARAMS": "policy_loss",
+    "LOSS_PARAMS": "loss_traits",
     "POLICY_LOSSES": "policy_loss",
     "cispo_loss": "policy_loss",
     "entropy_bonus": "policy_loss",

@@ -63,12 +63,14 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: st
 def apply_kl_penalty(
     token_rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token_rewards − coef·kl on the masked tokens, mean KL over the masked tokens).
-
-    The mean KL is what the adaptive controller's `update` expects.
+    """(token_rewards − coef·kl on the masked tokens, the batch's KL): the KL is the mean over sequences
+    of each sequence's token-mean KL, as verl measures it (sequences without tokens are left out, where
+    verl counts them as 0) — what the adaptive controller's `update` expects and `kl/mean` logs.
     """
     penalty = torch.where(mask > 0, coef * kl, 0.0)
-    return token_rewards - penalty, masked_mean(kl, mask).detach()
+    per_sequence = masked_mean(kl, mask, dim=-1)
+    has_tokens = (mask > 0).any(dim=-1)
+    return token_rewards - penalty, masked_mean(per_sequence, has_tokens).detach()
 
 
 class KLController:

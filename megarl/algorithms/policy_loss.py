@@ -18,9 +18,9 @@ are aggregated, as in verl. `agg_mode` and `**agg_counts` (num_tokens, num_seqs,
 "pg_clipfrac", "pg_clipfrac_lower" (0 where a loss has no such notion) and "ppo_kl" (masked mean of
 old − logp).
 
-`POLICY_LOSSES` maps verl's names (`actor.policy_loss.loss_mode`) to the functions; `LOSS_PARAMS` maps
-each name to the loss's own parameters and their verl defaults (parameter name = verl config key). The
-covariance-based losses live in `megarl.algorithms.cov_losses`.
+`POLICY_LOSSES` maps verl's names (`actor.policy_loss.loss_mode`) to the functions; the torch-free
+`loss_traits.LOSS_PARAMS` maps each name to the loss's own parameters and their verl defaults (parameter
+name = verl config key). The covariance-based losses live in `megarl.algorithms.cov_losses`.
 """
 
 from __future__ import annotations
@@ -266,20 +266,6 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "geo_mean": gmpo_loss,
     "clip_cov": clip_cov_loss,
     "kl_cov": kl_cov_loss,
-}
-
-# each loss's own keyword parameters with verl's defaults; the names are verl's config keys
-# (actor.tau_pos / tau_neg; actor.policy_loss.clip_cov_* / kl_cov_ratio / ppo_kl_coef)
-LOSS_PARAMS: dict[str, dict[str, float]] = {
-    "vanilla": {},
-    "gspo": {},
-    "cispo": {},
-    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05},
-    "gpg": {},
-    "reinforce": {},
-    "geo_mean": {},
-    "clip_cov": {"clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
-    "kl_cov": {"kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},
 }
 
 

@@ -15,6 +15,7 @@ import copy
 from dataclasses import dataclass, replace
 
 from megarl.config.schema import AlgorithmConfig, MegarlConfig, OptimizerConfig, ParallelConfig, RolloutConfig
+from megarl.config.validate import resolve_auto
 
 ROLE_NAMES = ("actor", "ref", "critic", "reward")
 
@@ -129,7 +130,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         total_steps=total_steps or cfg.trainer.total_steps or 1,
         mini_batch_size=algo.ppo_mini_batch_size * cfg.rollout.n,
         epochs=algo.ppo_epochs,
-        algorithm=copy.deepcopy(algo),
+        algorithm=resolve_auto(cfg).algorithm,  # auto fields decided, also for configs built in Python
         rollout=rollout_spec(cfg) if role == "actor" else None,
     )
 

@@ -13,7 +13,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Literal
 
-from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS, GROUP_ESTIMATORS
+from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS, ESTIMATOR_TRAITS, GROUP_ESTIMATORS
+from megarl.algorithms.loss_traits import LOSS_PARAMS, SEQUENCE_MEAN_LOSSES
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.schema import MegarlConfig, OptimizerConfig
@@ -33,6 +34,10 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
     algo = cfg.algorithm
     if algo.adv_estimator is None:
         algo.adv_estimator = "grpo" if algo.name == "grpo" else "gae"
+    if algo.loss_agg_mode is None:
+        algo.loss_agg_mode = (
+            "seq-mean-token-mean" if algo.policy_loss in SEQUENCE_MEAN_LOSSES else "token-mean"
+        )
     if cfg.critic.enable is None:
         cfg.critic.enable = algo.name in _RL_ALGORITHMS and algo.adv_estimator in CRITIC_ESTIMATORS
     if cfg.ref.enable is None:
@@ -263,6 +268,23 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
         value = getattr(a, name)
         in_range(problems, f"algorithm.{name}", value, "[0, 1]", 0 <= value <= 1, "e.g. 1.0")
     at_least(problems, "algorithm.kl_coef", a.kl_coef, 0, "e.g. 0.001, or 0 for no KL")
+    at_least(problems, "algorithm.kl_loss_coef", a.kl_loss_coef, 0, "e.g. 0.001, or 0 for no KL loss")
+    own = LOSS_PARAMS[a.policy_loss]
+    for key in sorted(set(a.policy_loss_params) - set(own)):
+        takes = f"it takes {', '.join(own)}" if own else "it takes no parameters"
+        problems.append(
+            f"algorithm.policy_loss_params.{key} is not a parameter of algorithm.policy_loss={a.policy_loss} "
+            f"({takes}); remove it or pick the loss it belongs to"
+        )
+    _check_rollout_correction(a.rollout_correction, problems)
+    if a.rollout_correction.bypass_mode and ESTIMATOR_TRAITS[a.adv_estimator].needs_sum_pi_squared:
+        problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} needs the actor's Σπ² per token, which its log-prob "
+            "pass computes, but algorithm.rollout_correction.bypass_mode=true skips that pass; set "
+            "bypass_mode=false or pick another estimator"
+        )
+    if a.pf_ppo.enable:
+        at_least(problems, "algorithm.pf_ppo.weight_pow", a.pf_ppo.weight_pow, 0, "e.g. 2.0")
     ok = 0 < a.clip_ratio_low < 1
     in_range(problems, "algorithm.clip_ratio_low", a.clip_ratio_low, "(0, 1)", ok, "e.g. 0.2")
     if a.clip_ratio_high <= 0:
@@ -286,6 +308,35 @@ def _check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     at_least(problems, "algorithm.entropy_coeff", a.entropy_coeff, 0, "e.g. 0")
     at_least(problems, "algorithm.ppo_epochs", a.ppo_epochs, 1, "e.g. 1")
     at_least(problems, "algorithm.ppo_mini_batch_size", a.ppo_mini_batch_size, 1, "e.g. 16 prompts")
+
+
+def _check_rollout_correction(rc: Any, problems: list[str]) -> None:
+    key = "algorithm.rollout_correction"
+    if rc.rollout_is is not None and rc.rollout_is_threshold <= 1:
+        problems.append(
+            f"{key}.rollout_is_threshold={rc.rollout_is_threshold} must be > 1 (IS weights are truncated "
+            "at it); e.g. 2.0"
+        )
+    if rc.rollout_rs is not None:
+        upper, lower = rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower
+        if upper is None or upper <= 1:
+            problems.append(
+                f"{key}.rollout_rs={rc.rollout_rs} keeps ratios up to {key}.rollout_rs_threshold, which is "
+                f"{upper}; set it > 1, e.g. {key}.rollout_rs_threshold=2.0"
+            )
+        elif lower is not None and not 0 < lower < upper:
+            problems.append(
+                f"{key}.rollout_rs_threshold_lower={lower} must be in (0, rollout_rs_threshold={upper}); "
+                "e.g. 0.5, or null for 1 / rollout_rs_threshold"
+            )
+    veto = rc.rollout_token_veto_threshold
+    if veto is not None and not 0 < veto < 1:
+        problems.append(f"{key}.rollout_token_veto_threshold={veto} must be in (0, 1); e.g. 1e-4, or null")
+    if rc.bypass_mode and (rc.rollout_is is not None or rc.rollout_rs is not None):
+        problems.append(
+            f"{key}.bypass_mode=true uses the engine's log-probs as the old ones, so the IS ratio would be 1; "
+            f"unset {key}.rollout_is and {key}.rollout_rs, or set bypass_mode=false"
+        )
 
 
 def _check_batches(cfg: MegarlConfig, layouts: dict[str, ParallelLayout], problems: list[str]) -> None:

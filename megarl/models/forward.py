@@ -62,6 +62,23 @@ def vocab_parallel_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tenso
     return shift.squeeze(-1) + torch.log(total) - weighted / total
 
 
+@torch.no_grad()
+def vocab_parallel_sum_pi_squared(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Σ_v softmax(logits)_v² from vocab-parallel logits [..., V/tp] (the squared norm of each token's
+    distribution, which the optimal token baseline weighs by), without gathering the vocabulary."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    logits = logits.float().masked_fill(_padded_columns(logits, vocab_size), float("-inf"))
+    shift = logits.max(dim=-1, keepdim=True).values
+    dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=group)
+    exp = torch.exp(logits - shift)
+    sums = torch.stack([exp.sum(dim=-1), (exp * exp).sum(dim=-1)])
+    dist.all_reduce(sums, group=group)
+    return sums[1] / (sums[0] * sums[0])
+
+
 def select_positions(output: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows of output [b, s, ...] at flat positions `index` (any shape) into b·s -> [*index.shape, ...]."""
     flat = output.reshape(-1, *output.shape[2:])

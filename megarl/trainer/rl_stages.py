@@ -1,11 +1,12 @@
 """The stages of one RL step (DESIGN §3) and the graph each algorithm is built from.
 
-    remax_baseline?  generate  reward_model?  reward  old_log_prob  ref_log_prob?  values?
-    advantages  update_critic?  update_actor
+    remax_baseline?  generate  reward_model?  reward  filter_groups?  old_log_prob  rollout_correction?
+    ref_log_prob?  values?  advantages  pf_ppo?  update_critic?  update_actor
 
 `build_rl_dataflow(cfg, roles, reward)` assembles the graph for `algorithm.adv_estimator`: GAE adds the
 critic's stages, ReMax the greedy-baseline generation, a KL term the reference, a reward model its
-scoring. The trainer and the Python API run the same graph; users edit it with Dataflow's methods.
+scoring, DAPO's dynamic sampling its filter, rollout correction its weights/rejection (in bypass mode
+old_log_prob copies the engine's log-probs instead of recomputing them), PF-PPO its resampling. The trainer and the Python API run the same graph; users edit it with Dataflow's methods.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from megarl.algorithms import (
 )
 from megarl.algorithms.advantages import scores_to_token_rewards
 from megarl.algorithms.aggregate import masked_mean
+from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
+from megarl.algorithms.pf_ppo import pf_ppo_resample
+from megarl.algorithms.rollout_correction import compute_rollout_correction
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
@@ -137,8 +141,9 @@ def filter_groups_stage(
     return Stage("filter_groups", keep_varied, reads=(Col.SCORES, Col.UID), new_rows=True)
 
 
-def old_log_prob_stage(actor: Any) -> Stage:
-    """The policy's own log-probs before the update, and how far the engine's are from them."""
+def old_log_prob_stage(actor: Any, with_sum_pi_squared: bool = False) -> Stage:
+    """The policy's own log-probs before the update, and how far the engine's are from them (plus Σπ²
+    per token for the optimal token baseline)."""
 
     def log_prob(ctx: StepContext, batch: Batch) -> Batch:
         out = actor.log_prob(batch.select(SEQUENCE_COLUMNS))
@@ -153,7 +158,51 @@ def old_log_prob_stage(actor: Any) -> Stage:
         "old_log_prob",
         log_prob,
         reads=SEQUENCE_COLUMNS + (Col.ROLLOUT_LOG_PROBS,),
-        writes=(Col.OLD_LOG_PROBS, Col.ENTROPY),
+        writes=(Col.OLD_LOG_PROBS, Col.ENTROPY) + ((Col.SUM_PI_SQUARED,) if with_sum_pi_squared else ()),
+    )
+
+
+def bypass_old_log_prob_stage() -> Stage:
+    """Rollout-correction bypass mode: the engine's log-probs serve as the old log-probs (no forward pass)."""
+
+    def bypass(ctx: StepContext, batch: Batch) -> dict:
+        return {Col.OLD_LOG_PROBS: batch[Col.ROLLOUT_LOG_PROBS].float()}
+
+    return Stage("old_log_prob", bypass, reads=(Col.ROLLOUT_LOG_PROBS,), writes=(Col.OLD_LOG_PROBS,))
+
+
+def rollout_correction_stage(cfg: MegarlConfig) -> Stage:
+    """Train/rollout mismatch correction (algorithm.rollout_correction): truncated IS weights for the
+    loss and/or rejection of tokens and sequences from the response mask (so from advantages and loss)."""
+    rc = cfg.algorithm.rollout_correction
+    rejects = rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None
+
+    def correct(ctx: StepContext, batch: Batch) -> dict:
+        mask = batch[Col.RESPONSE_MASK]
+        weights, kept, metrics = compute_rollout_correction(
+            batch[Col.OLD_LOG_PROBS].float(),
+            batch[Col.ROLLOUT_LOG_PROBS].float(),
+            mask.float(),
+            is_level=rc.rollout_is,
+            is_threshold=rc.rollout_is_threshold,
+            is_batch_normalize=rc.rollout_is_batch_normalize,
+            rs_level=rc.rollout_rs,
+            rs_threshold=rc.rollout_rs_threshold,
+            rs_threshold_lower=rc.rollout_rs_threshold_lower,
+            veto_threshold=rc.rollout_token_veto_threshold,
+        )
+        ctx.metrics.update({k: float(v) for k, v in metrics.items()})
+        out = {Col.ROLLOUT_IS_WEIGHTS: weights} if weights is not None else {}
+        if rejects:
+            out[Col.RESPONSE_MASK] = kept.to(mask.dtype)
+        return out
+
+    writes = ((Col.ROLLOUT_IS_WEIGHTS,) if rc.rollout_is else ()) + ((Col.RESPONSE_MASK,) if rejects else ())
+    return Stage(
+        "rollout_correction",
+        correct,
+        reads=(Col.OLD_LOG_PROBS, Col.ROLLOUT_LOG_PROBS, Col.RESPONSE_MASK),
+        writes=writes,
     )
 
 
@@ -171,31 +220,48 @@ def values_stage(critic: Any) -> Stage:
     return Stage("values", values, reads=SEQUENCE_COLUMNS, writes=(Col.VALUES,))
 
 
+# estimators whose std division algorithm.norm_adv_by_std_in_grpo switches (verl's rule)
+_STD_NORMED = ("grpo", "grpo_passk")
+
+
 def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
     """Token rewards (scores, minus kl_coef·KL when algorithm.use_kl_in_reward) -> advantages, returns."""
     algo = cfg.algorithm
     kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
-    inputs = {"gae": (Col.VALUES,), "remax": (Col.BASELINE_SCORES,)}.get(algo.adv_estimator, ())
+    inputs = {
+        "gae": (Col.VALUES,),
+        "remax": (Col.BASELINE_SCORES,),
+        "optimal_token_baseline": (Col.OLD_LOG_PROBS, Col.SUM_PI_SQUARED),
+    }.get(algo.adv_estimator, ())
     kl_inputs = (Col.OLD_LOG_PROBS, Col.REF_LOG_PROBS) if algo.use_kl_in_reward else ()
+    options = {"norm_by_std": algo.norm_adv_by_std_in_grpo} if algo.adv_estimator in _STD_NORMED else {}
+
+    def column(batch: Batch, name: str) -> torch.Tensor | None:
+        return batch[name].float() if name in batch else None
 
     def advantages(ctx: StepContext, batch: Batch) -> dict:
         mask = batch[Col.RESPONSE_MASK].float()
         token_rewards = batch[Col.TOKEN_LEVEL_SCORES].float()
         if algo.use_kl_in_reward:
-            kl = kl_penalty(batch[Col.OLD_LOG_PROBS], batch[Col.REF_LOG_PROBS], algo.kl_estimator)
+            kl = kl_penalty(batch[Col.OLD_LOG_PROBS], batch[Col.REF_LOG_PROBS], algo.kl_penalty)
             token_rewards, kl_mean = apply_kl_penalty(token_rewards, kl, mask, kl_ctrl.value)
             ctx.metrics["kl/mean"], ctx.metrics["kl/coef"] = float(kl_mean), kl_ctrl.value
             kl_ctrl.update(kl_mean, len(batch))
         adv, returns = compute_advantages(
             algo.adv_estimator,
             token_rewards=token_rewards,
-            scores=(token_rewards * mask).sum(-1),
-            values=batch[Col.VALUES].float() if Col.VALUES in batch else None,
-            baseline_scores=batch[Col.BASELINE_SCORES].float() if Col.BASELINE_SCORES in batch else None,
+            # a sequence's reward, even where rollout correction masked its last token out (verl's sum)
+            scores=token_rewards.sum(-1),
+            values=column(batch, Col.VALUES),
+            baseline_scores=column(batch, Col.BASELINE_SCORES),
+            old_log_probs=column(batch, Col.OLD_LOG_PROBS),
+            sum_pi_squared=column(batch, Col.SUM_PI_SQUARED),
+            rollout_is_weights=column(batch, Col.ROLLOUT_IS_WEIGHTS),
             group_ids=torch.as_tensor(batch[Col.UID]).long(),
             mask=mask,
             gamma=algo.gamma,
             lam=algo.lam,
+            **options,
         )
         ctx.metrics["advantages/mean"] = masked_mean(adv, mask).item()
         return {Col.TOKEN_LEVEL_REWARDS: token_rewards, Col.ADVANTAGES: adv, Col.RETURNS: returns}
@@ -209,6 +275,19 @@ def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
     return stage, kl_ctrl
 
 
+def pf_ppo_stage(cfg: MegarlConfig) -> Stage:
+    """PF-PPO: the step's batch resampled with replacement, weighted by each sequence's score."""
+    pf = cfg.algorithm.pf_ppo
+
+    def resample(ctx: StepContext, batch: Batch) -> Batch:
+        generator = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + ctx.step)
+        rows = pf_ppo_resample(batch[Col.SCORES].float(), generator, pf.reweight_method, pf.weight_pow)
+        ctx.metrics["pf_ppo/unique_frac"] = len(set(rows.tolist())) / max(len(batch), 1)
+        return batch[rows]
+
+    return Stage("pf_ppo", resample, reads=(Col.SCORES, Col.ADVANTAGES), new_rows=True)
+
+
 def update_critic_stage(critic: Any) -> Stage:
     def update(ctx: StepContext, batch: Batch) -> None:
         metrics = critic.update(batch.select([*SEQUENCE_COLUMNS, Col.VALUES, Col.RETURNS]))
@@ -217,8 +296,9 @@ def update_critic_stage(critic: Any) -> Stage:
     return Stage("update_critic", update, reads=(Col.VALUES, Col.RETURNS))
 
 
-def update_actor_stage(actor: Any, use_kl_loss: bool) -> Stage:
+def update_actor_stage(actor: Any, use_kl_loss: bool, with_is_weights: bool = False) -> Stage:
     columns = (Col.OLD_LOG_PROBS, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
+    columns += (Col.ROLLOUT_IS_WEIGHTS,) if with_is_weights else ()
 
     def update(ctx: StepContext, batch: Batch) -> None:
         metrics = actor.update(batch.select([*SEQUENCE_COLUMNS, *columns]))
@@ -253,16 +333,25 @@ def build_rl_dataflow(
         if more_prompts is None:
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
         stages.append(filter_groups_stage(cfg, more_prompts, before("filter_groups")))
-    stages.append(old_log_prob_stage(roles.actor))
+    rc = algo.rollout_correction
+    if rc.bypass_mode:
+        stages.append(bypass_old_log_prob_stage())
+    else:
+        needs_pi2 = ESTIMATOR_TRAITS[algo.adv_estimator].needs_sum_pi_squared
+        stages.append(old_log_prob_stage(roles.actor, needs_pi2))
+    if rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold is not None:
+        stages.append(rollout_correction_stage(cfg))
     if roles.ref is not None:
         stages.append(ref_log_prob_stage(roles.ref))
     if roles.critic is not None:
         stages.append(values_stage(roles.critic))
     advantages, kl_ctrl = advantages_stage(cfg)
     stages.append(advantages)
+    if algo.pf_ppo.enable:
+        stages.append(pf_ppo_stage(cfg))
     if roles.critic is not None:
         stages.append(update_critic_stage(roles.critic))
-    stages.append(update_actor_stage(roles.actor, algo.use_kl_loss))
+    stages.append(update_actor_stage(roles.actor, algo.use_kl_loss, rc.rollout_is is not None))
     for stage in stages:
         flow.add_stage(stage)
     flow.check()

@@ -17,12 +17,14 @@ from __future__ import annotations
 import torch
 
 from megarl.algorithms.aggregate import aggregate
+from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
 from megarl.algorithms.kl import kl_penalty
+from megarl.algorithms.loss_traits import LOSS_PARAMS
 from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
 from megarl.config.roles import RoleSpec
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import vocab_parallel_entropy
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 from megarl.workers.log_probs import response_log_probs, token_log_probs
 from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.sequences import sequences_from_batch
@@ -35,11 +37,15 @@ class ActorWorker(MegatronWorker):
             raise ValueError(f"the actor needs a trained role's spec with a rollout; got {spec.role!r}")
         super().__init__(spec)
         self.hybrid = None  # the rollout engine, started by the first generate()
+        self._generator: torch.Generator | None = None  # clip_cov's token pick
 
     @register(Dispatch.DP_COMPUTE)
     def log_prob(self, batch: Batch) -> Batch:
-        """The current policy's log-prob and entropy of every response token (0 on padding)."""
-        return response_log_probs(self, batch, "old_log_probs", with_entropy=True)
+        """The current policy's log-prob and entropy of every response token (0 on padding), and Σπ² when
+        the advantage estimator needs it (the optimal token baseline)."""
+        needs_pi2 = ESTIMATOR_TRAITS[self.spec.algorithm.adv_estimator].needs_sum_pi_squared
+        stats = (Col.ENTROPY, Col.SUM_PI_SQUARED) if needs_pi2 else (Col.ENTROPY,)
+        return response_log_probs(self, batch, Col.OLD_LOG_PROBS, stats)
 
     @register(Dispatch.GEN_DP_COMPUTE)
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:
@@ -69,14 +75,15 @@ class ActorWorker(MegatronWorker):
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-style policy update on a batch with old_log_probs and advantages (and ref_log_probs when
         algorithm.use_kl_loss). Returns metrics averaged over the optimizer steps."""
-        needed = ["old_log_probs", "advantages"] + (
-            ["ref_log_probs"] if self.spec.algorithm.use_kl_loss else []
+        needed = [Col.OLD_LOG_PROBS, Col.ADVANTAGES] + (
+            [Col.REF_LOG_PROBS] if self.spec.algorithm.use_kl_loss else []
         )
         missing = [k for k in needed if k not in batch.tensors.keys()]
         if missing:
             raise KeyError(f"policy update needs columns {missing} in the batch")
+        optional = [k for k in (Col.ROLLOUT_IS_WEIGHTS,) if k in batch.tensors.keys()]
         seqs = sequences_from_batch(batch)
-        fields = {k: batch[k].float() for k in needed}
+        fields = {k: batch[k].float() for k in needed + optional}
         mini = self.spec.mini_batch_size // self.layout.dp
         return train_minibatches(self, seqs, fields, self._policy_loss, mini, self.spec.epochs)
 
@@ -85,14 +92,19 @@ class ActorWorker(MegatronWorker):
         mask = mb["mask"]
         agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
         log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size, self.spec.temperature)
+        own = {**LOSS_PARAMS[algo.policy_loss], **algo.policy_loss_params}
+        if algo.policy_loss == "clip_cov":  # its random token pick, reproducible per rank and call
+            own["generator"] = self._loss_generator()
         loss, metrics = POLICY_LOSSES[algo.policy_loss](
             log_probs,
-            mb["old_log_probs"],
-            mb["advantages"],
+            mb[Col.OLD_LOG_PROBS],
+            mb[Col.ADVANTAGES],
             mask,
             algo.clip_ratio_low,
             algo.clip_ratio_high,
             clip_ratio_c=algo.clip_ratio_c,
+            rollout_is_weights=mb.get(Col.ROLLOUT_IS_WEIGHTS),
+            **own,
             **agg,
         )
         # Metrics are token means over this micro-batch; weight them by its share of the mini-batch tokens.
@@ -106,11 +118,16 @@ class ActorWorker(MegatronWorker):
                 entropy.detach(), mask, "token-mean", num_tokens=counts.num_tokens
             )
         if algo.use_kl_loss:
-            kl = kl_penalty(log_probs, mb["ref_log_probs"], algo.kl_estimator)
+            kl = kl_penalty(log_probs, mb[Col.REF_LOG_PROBS], algo.kl_loss_type)
             kl = aggregate(kl, mask, algo.loss_agg_mode, **counts.agg())
-            loss = loss + algo.kl_coef * kl
+            loss = loss + algo.kl_loss_coef * kl
             out["actor/kl_loss"] = kl.detach()
         return loss, out
+
+    def _loss_generator(self) -> torch.Generator:
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.spec.rollout.seed * 7919 + self.env.rank)
+        return self._generator
 
     @register(Dispatch.DP_COMPUTE)
     def sft_update(self, batch: Batch) -> dict[str, float]:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from megarl.models.forward import select_positions, vocab_parallel_entropy, vocab_parallel_log_probs
+from megarl.models.forward import (
+    select_positions,
+    vocab_parallel_entropy,
+    vocab_parallel_log_probs,
+    vocab_parallel_sum_pi_squared,
+)
 from megarl.protocol import Batch
 from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.sequences import sequences_from_batch
@@ -27,17 +32,24 @@ def token_log_probs(
     return vocab_parallel_log_probs(selected, labels, vocab_size) * mb["mask"], selected
 
 
-def response_log_probs(worker: MegatronWorker, batch: Batch, column: str, with_entropy: bool) -> Batch:
-    """Batch(`column` [n, R]) of the worker's policy (+ `entropy` [n, R]), 0 on padding."""
+# per-token statistics of the policy's distribution a log-prob pass can also return, by column name
+TOKEN_STATS = {"entropy": vocab_parallel_entropy, "sum_pi_squared": vocab_parallel_sum_pi_squared}
+
+
+def response_log_probs(
+    worker: MegatronWorker, batch: Batch, column: str, stats: tuple[str, ...] = ()
+) -> Batch:
+    """Batch(`column` [n, R]) of the worker's policy, plus each of `stats` (names in TOKEN_STATS) [n, R],
+    0 on padding."""
     seqs = sequences_from_batch(batch)
     width, vocab = seqs.response_width, worker.arch.vocab_size
 
     def compute(mb, logits):
         log_probs, selected = token_log_probs(mb, logits, vocab, worker.spec.temperature)
         out = {column: log_probs}
-        if with_entropy:
-            out["entropy"] = vocab_parallel_entropy(selected, vocab) * mb["mask"]
+        for name in stats:
+            out[name] = TOKEN_STATS[name](selected, vocab) * mb["mask"]
         return out
 
-    shapes = {column: (width,), **({"entropy": (width,)} if with_entropy else {})}
+    shapes = {name: (width,) for name in (column, *stats)}
     return Batch(tensors=worker.forward_rows(seqs, compute, shapes))

@@ -24,4 +24,4 @@ class ReferenceWorker(MegatronWorker):
     @register(Dispatch.DP_COMPUTE)
     def ref_log_prob(self, batch: Batch) -> Batch:
         """The reference policy's log-prob of every response token (0 on padding)."""
-        return response_log_probs(self, batch, "ref_log_probs", with_entropy=False)
+        return response_log_probs(self, batch, "ref_log_probs")

@@ -140,8 +140,21 @@ def test_ppo_with_a_critic_runs_and_its_value_loss_falls(rl_setup, tmp_path):
     )
 
 
-@pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus", "remax"])
-def test_other_estimators_run_end_to_end(rl_setup, tmp_path, estimator):
+# each estimator's run also drives one of issue 11's trainer features (one start per run, not two)
+ESTIMATOR_RUNS = {
+    "rloo": (
+        "algorithm.policy_loss=cispo",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=token",
+        "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+    ),
+    "reinforce_plus_plus": ("algorithm.pf_ppo.enable=true",),
+    "remax": ("algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"),
+}
+
+
+@pytest.mark.parametrize("estimator", list(ESTIMATOR_RUNS))
+def test_other_estimators_and_losses_run_end_to_end(rl_setup, tmp_path, estimator):
     cfg = rl_setup.grpo_config(
         tmp_path,
         "algorithm.name=ppo",
@@ -149,11 +162,19 @@ def test_other_estimators_run_end_to_end(rl_setup, tmp_path, estimator):
         "trainer.total_steps=2",
         "trainer.eval_every=0",
         "trainer.val_before_train=false",
+        *ESTIMATOR_RUNS[estimator],
     )
     history, _ = run(cfg)
     train = steps(history)
     assert len(train) == 2
+    bypass = cfg.algorithm.rollout_correction.bypass_mode
     for h in train:
         assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"])
-        assert h["train_rollout_logprob_abs_diff_max"] <= LOGPROB_TOLERANCE
+        # bypass mode skips the recompute, so there is no train/rollout difference to log
+        assert bypass != ("train_rollout_logprob_abs_diff_max" in h)
+        assert h.get("train_rollout_logprob_abs_diff_max", 0.0) <= LOGPROB_TOLERANCE
     assert ("timing/remax_baseline" in train[0]) == (estimator == "remax")
+    if estimator == "rloo":  # fp32 engine and trainer agree: weights ≈ 1, nothing rejected
+        assert all(abs(h["rollout_corr/rollout_is_mean"] - 1) < 1e-4 for h in train), train
+        assert all(h["rollout_corr/rollout_rs_masked_fraction"] == 0 for h in train)
+    assert ("timing/pf_ppo" in train[0]) == (estimator == "reinforce_plus_plus")

@@ -12,7 +12,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from megarl.algorithms.policy_loss import ppo_clip_loss
+from megarl.algorithms.policy_loss import ppo_clip_loss, sapo_loss
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.controller.group import WorkerGroup, make_colocated_groups, make_worker_group
@@ -60,7 +60,7 @@ def hf_reference(hf_dir: str, batch: Batch) -> dict[str, torch.Tensor]:
     scalar = "ForSequenceClassification" in AutoConfig.from_pretrained(hf_dir).architectures[0]
     cls = AutoModelForSequenceClassification if scalar else AutoModelForCausalLM
     model = cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    out = {k: torch.zeros(N, RESPONSE) for k in ("log_probs", "entropy", "values")}
+    out = {k: torch.zeros(N, RESPONSE) for k in ("log_probs", "entropy", "sum_pi_squared", "values")}
     out["scores"] = torch.zeros(N)
     with torch.no_grad():
         for i in range(N):
@@ -76,6 +76,7 @@ def hf_reference(hf_dir: str, batch: Batch) -> dict[str, torch.Tensor]:
                 rows = logp[p - 1 : p - 1 + r]
                 out["log_probs"][i, :r] = rows.gather(1, real[p:, None])[:, 0]
                 out["entropy"][i, :r] = -(rows.exp() * rows).sum(-1)
+                out["sum_pi_squared"][i, :r] = (2 * rows).exp().sum(-1)
     return out
 
 
@@ -182,6 +183,33 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
     return out
 
 
+def check_loss_wiring(policy: str, reward: str, batch: Batch, ref: dict) -> dict:
+    """At tp2 (dp2): the optimal token baseline's Σπ² comes out of the actor's log-prob pass, and an
+    update with another loss (SAPO with a policy_loss_params override, its auto loss_agg_mode) and
+    rollout IS weights gives the loss the pure function gives on the same inputs."""
+    mask = batch["response_mask"]
+    cfg = config(policy, reward, 2, 1)
+    algo = cfg.algorithm
+    algo.name, algo.adv_estimator, algo.policy_loss = "grpo", "optimal_token_baseline", "sapo"
+    algo.policy_loss_params = {"tau_pos": 2.0}
+    actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
+    lp = actor.log_prob(batch)
+    g = torch.Generator().manual_seed(3)
+    advantages = torch.randn(N, RESPONSE, generator=g) * mask
+    weights = (torch.rand(N, RESPONSE, generator=g) * 2) * mask
+    columns = {"old_log_probs": lp["old_log_probs"], "advantages": advantages, "rollout_is_weights": weights}
+    metrics = actor.update(batch.union(Batch(tensors=columns)))[0]
+    expected, _ = sapo_loss(
+        lp["old_log_probs"], lp["old_log_probs"], advantages, mask, 0.2, 0.2,
+        rollout_is_weights=weights, agg_mode="seq-mean-token-mean", tau_pos=2.0,
+    )  # fmt: skip
+    return {
+        "sum_pi_squared_max_abs_diff": max_diff(lp["sum_pi_squared"], ref["sum_pi_squared"]),
+        "sapo_pg_loss": metrics["actor/pg_loss"],
+        "sapo_expected": expected.item(),
+    }
+
+
 def check_offload(actor: WorkerGroup, batch: Batch, before: torch.Tensor) -> dict:
     """Offload params, grads and optimizer state to disk (the actor's offload_dir); the worker refuses
     to compute meanwhile, and after reload its log-probs are bit-identical to those before offloading."""
@@ -222,4 +250,5 @@ def main(argv: list[str]) -> dict:
             }
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }
+        results["loss_wiring"] = check_loss_wiring(policy, reward, batch, ref)
     return results

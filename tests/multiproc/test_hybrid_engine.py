@@ -1,17 +1,17 @@
 """The 3D-HybridEngine end to end on 4 ranks: after optimizer updates, the colocated vLLM engine's
 log-probs of its sampled tokens equal Megatron's recomputed ones, and the weight sync receives exactly
-the plan's floor. Layouts of issue 5, two per torchrun launch (tests/multiproc/hybrid_checks.py)."""
+the plan's floor. Layouts of issue 5, several per torchrun launch (tests/multiproc/hybrid_checks.py): a
+launch costs more than a case. t2p1g1 is left out: t2p2g1 and t1p2g1 cover TP-to-TP1 regrouping."""
 
 import pytest
 
 pytestmark = pytest.mark.multiproc
 
-LAUNCHES = {"tp2pp2": ["t2p2g1", "t2p2g2"], "tp2pp1": ["t2p1g1", "t2p1g2"], "mixed": ["t1p2g1", "t4p1g2"]}
+LAUNCHES = {"tp2pp2": ["t2p2g1", "t2p2g2"], "mixed": ["t2p1g2", "t1p2g1", "t4p1g2"]}
 # generation TP groups: strided by t/t_g inside each training TP group
 EXPECTED_GROUPS = {
     "t2p2g1": [[0], [1], [2], [3]],
     "t2p2g2": [[0, 1], [2, 3]],
-    "t2p1g1": [[0], [1], [2], [3]],
     "t2p1g2": [[0, 1], [2, 3]],
     "t1p2g1": [[0], [2], [1], [3]],  # replica order: DP first, then PP stage
     "t4p1g2": [[0, 2], [1, 3]],

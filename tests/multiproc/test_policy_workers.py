@@ -84,6 +84,12 @@ def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batc
     assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
 
 
+def test_actor_reports_sum_pi_squared_and_trains_with_the_configured_loss_and_is_weights(batching):
+    wiring = batching["loss_wiring"]
+    assert wiring["sum_pi_squared_max_abs_diff"] <= LOG_PROB_TOL  # vocab-parallel vs transformers' softmax
+    assert wiring["sapo_pg_loss"] == pytest.approx(wiring["sapo_expected"], abs=1e-5)
+
+
 def test_dp_balancing_evens_out_tokens_per_rank(batching):
     tokens = batching["balanced"]["dp_tokens"]
     assert abs(tokens[0] - tokens[1]) <= 2, tokens

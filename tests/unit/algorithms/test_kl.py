@@ -90,12 +90,13 @@ def test_unknown_estimator_is_named(estimator):
 def test_apply_kl_penalty_only_touches_real_tokens(gen, mask):
     rewards, kl = randn(gen, len(LENGTHS), RESPONSE_LEN), randn(gen, len(LENGTHS), RESPONSE_LEN).abs()
     penalised, mean_kl = apply_kl_penalty(rewards, kl, mask, coef=0.05)
-    expected, real = [], []
+    expected, sequence_means = [], []
     for r_row, k_row, n in zip(rewards.tolist(), kl.tolist(), LENGTHS):
         expected.append([r - 0.05 * k if t < n else r for t, (r, k) in enumerate(zip(r_row, k_row))])
-        real += k_row[:n]
+        if n:  # verl's batch KL: mean over sequences of the token mean (the empty row is left out)
+            sequence_means.append(sum(k_row[:n]) / n)
     torch.testing.assert_close(penalised, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-    assert mean_kl.item() == pytest.approx(sum(real) / len(real), rel=1e-12)
+    assert mean_kl.item() == pytest.approx(sum(sequence_means) / len(sequence_means), rel=1e-12)
 
 
 def test_fixed_controller_never_moves():

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from megarl.algorithms.loss_traits import LOSS_PARAMS
 from megarl.algorithms.policy_loss import (
-    LOSS_PARAMS,
     POLICY_LOSSES,
     cispo_loss,
     entropy_bonus,

@@ -140,7 +140,7 @@ INVALID = [
         ["reward.model_path={tmp}", "reward.kind=embedding_similarity"],
         ["reward.kind=embedding_similarity needs reward.backend=hf"],
     ),
-    (["algorithm.kl_estimator=k4"], ["algorithm.kl_estimator=k4", "one of k1, k2, k3, low_var_kl"]),
+    (["algorithm.kl_penalty=k4"], ["algorithm.kl_penalty=k4", "one of k1, k2, k3, low_var_kl"]),
     (
         ["algorithm.adv_estimator=a2c"],
         [
@@ -165,6 +165,51 @@ INVALID = [
     (["algorithm.policy_loss=dppo_tv"], ["algorithm.policy_loss=dppo_tv", "one of vanilla, gspo, cispo"]),
     (["algorithm.loss_agg_mode=seq-mean"], ["algorithm.loss_agg_mode=seq-mean", "seq-mean-token-sum-norm"]),
     (["algorithm.kl_ctrl=pid"], ["algorithm.kl_ctrl=pid", "one of fixed, adaptive"]),
+    (["algorithm.kl_loss_coef=-1"], ["algorithm.kl_loss_coef=-1.0 must be ≥ 0"]),
+    (
+        ["algorithm.policy_loss=sapo", "algorithm.policy_loss_params={tau_pos: 1.0, clip_cov_ratio: 0.1}"],
+        ["algorithm.policy_loss_params.clip_cov_ratio is not a parameter of algorithm.policy_loss=sapo"],
+    ),
+    (
+        ["algorithm.policy_loss_params={tau_pos: 1.0}"],
+        ["policy_loss_params.tau_pos is not a parameter of algorithm.policy_loss=vanilla (it takes no param"],
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_rs=geometric"],
+        ["rollout_rs=geometric keeps ratios up to", "rollout_correction.rollout_rs_threshold=2.0"],
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_rs=token",
+            "algorithm.rollout_correction.rollout_rs_threshold=2",
+            "algorithm.rollout_correction.rollout_rs_threshold_lower=3",
+        ],
+        ["rollout_rs_threshold_lower=3.0 must be in (0, rollout_rs_threshold=2.0)"],
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_is=token",
+            "algorithm.rollout_correction.rollout_is_threshold=1",
+        ],
+        ["rollout_is_threshold=1.0 must be > 1"],
+    ),
+    (["algorithm.rollout_correction.rollout_is=tok"], ["rollout_is=tok", "one of token, sequence"]),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+        [
+            "bypass_mode=true uses the engine's log-probs as the old ones",
+            "unset algorithm.rollout_correction",
+        ],
+    ),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.adv_estimator=optimal_token_baseline"],
+        ["optimal_token_baseline needs the actor's Σπ²", "bypass_mode=false"],
+    ),
+    (
+        ["algorithm.pf_ppo.enable=true", "algorithm.pf_ppo.weight_pow=-1"],
+        ["pf_ppo.weight_pow=-1.0 must be ≥ 0"],
+    ),
+    (["algorithm.pf_ppo.reweight_method=top"], ["reweight_method=top", "one of pow, max_min, max_random"]),
     (
         ["algorithm.kl_ctrl=adaptive"],
         ["kl_ctrl=adaptive steers the in-reward KL coefficient", "set algorithm.use_kl_in_reward=true"],
@@ -309,6 +354,20 @@ def test_validate_checks_configs_built_in_python():
     assert any(p.startswith("logging.backends contains 'mlflow'") for p in info.value.problems)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "mode"),
+    [
+        ([], "token-mean"),
+        (["algorithm.policy_loss=gspo"], "seq-mean-token-mean"),
+        (["algorithm.policy_loss=sapo"], "seq-mean-token-mean"),
+        (["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=token-mean"], "token-mean"),
+    ],
+)
+def test_loss_agg_mode_auto_follows_the_loss(overrides, mode):
+    cfg = load_config(None, overrides, check_paths=False)
+    assert cfg.algorithm.loss_agg_mode == mode
+
+
 def test_auto_roles_follow_the_algorithm():
     cfg = load_config(None, ["algorithm.name=ppo", "reward.model_path=/rm"], check_paths=False)
     assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable and cfg.reward.enable
@@ -329,6 +388,18 @@ def test_auto_roles_follow_the_algorithm():
         ["algorithm.name=ppo", "algorithm.adv_estimator=grpo_passk"],
         ["algorithm.name=ppo", "algorithm.adv_estimator=opo"],
         ["algorithm.name=ppo", "algorithm.adv_estimator=gpg"],
+        ["algorithm.name=ppo", "algorithm.adv_estimator=optimal_token_baseline"],
+        ["algorithm.norm_adv_by_std_in_grpo=false", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
+        ["algorithm.policy_loss=clip_cov", "algorithm.policy_loss_params={clip_cov_ratio: 0.001}"],
+        ["algorithm.policy_loss=sapo"],
+        ["algorithm.use_kl_loss=true", "algorithm.kl_loss_type=k3+", "algorithm.kl_loss_coef=0.01"],
+        [
+            "algorithm.rollout_correction.rollout_is=sequence",
+            "algorithm.rollout_correction.rollout_rs=geometric",
+            "algorithm.rollout_correction.rollout_rs_threshold=1.5",
+        ],
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"],
+        ["algorithm.pf_ppo.enable=true", "algorithm.pf_ppo.reweight_method=max_min"],
         ["algorithm.name=ppo", "algorithm.adv_estimator=remax", "algorithm.use_kl_in_reward=true"],
         [
             "algorithm.name=ppo",

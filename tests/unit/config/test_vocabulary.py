@@ -10,7 +10,10 @@ from megarl.algorithms.advantages import ESTIMATORS
 from megarl.algorithms.aggregate import LOSS_AGG_MODES, aggregate
 from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
 from megarl.algorithms.kl import KL_CONTROLLERS, KL_ESTIMATORS, build_kl_controller, kl_penalty
+from megarl.algorithms.loss_traits import DUAL_CLIP_LOSSES, LOSS_PARAMS, SEQUENCE_MEAN_LOSSES
+from megarl.algorithms.pf_ppo import REWEIGHT_METHODS
 from megarl.algorithms.policy_loss import POLICY_LOSSES
+from megarl.algorithms.rollout_correction import IS_LEVELS, RS_LEVELS
 from megarl.config import schema
 from megarl.models import dtypes
 from megarl.workers import reward_hf
@@ -24,6 +27,9 @@ VOCABULARIES = {
     "KlEstimator": KL_ESTIMATORS,
     "KlController": KL_CONTROLLERS,
     "PolicyLoss": POLICY_LOSSES,
+    "IsLevel": IS_LEVELS,
+    "RsLevel": RS_LEVELS,
+    "PfPpoReweight": REWEIGHT_METHODS,
     "Dtype": dtypes.DTYPE_NAMES,
     "RewardKind": reward_hf.KINDS,
 }
@@ -44,6 +50,14 @@ def test_every_estimator_has_traits_that_match_its_signature():
         assert traits.needs_critic == ("values" in params), name
         assert traits.needs_group == ("group_ids" in params), name
         assert traits.needs_sum_pi_squared == ("sum_pi_squared" in params), name
+
+
+def test_every_policy_loss_has_its_parameter_table():
+    assert list(LOSS_PARAMS) == list(POLICY_LOSSES)
+    assert set(SEQUENCE_MEAN_LOSSES) | set(DUAL_CLIP_LOSSES) <= set(POLICY_LOSSES)
+    for name, loss in POLICY_LOSSES.items():
+        params = inspect.signature(loss).parameters
+        assert all(params[p].default == d for p, d in LOSS_PARAMS[name].items()), name
 
 
 def test_every_listed_name_is_implemented():

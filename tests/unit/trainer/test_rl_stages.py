@@ -1,15 +1,27 @@
-"""The driver-side RL stages on real Batches: advantages (with in-reward KL) and DAPO's group filter."""
+"""The driver-side RL stages on real Batches (advantages with in-reward KL, DAPO's group filter, rollout
+correction, PF-PPO) and the stage graph each config builds."""
 
 from __future__ import annotations
+
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from megarl.algorithms.advantages import scores_to_token_rewards
+from megarl.config import load_config
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
 from megarl.trainer.dataflow import Stage, StepContext
-from megarl.trainer.rl_stages import DynamicSamplingError, advantages_stage, filter_groups_stage
+from megarl.trainer.rl_stages import (
+    DynamicSamplingError,
+    advantages_stage,
+    build_rl_dataflow,
+    filter_groups_stage,
+    pf_ppo_stage,
+    rollout_correction_stage,
+)
 
 
 def _cfg(**algorithm) -> MegarlConfig:
@@ -48,7 +60,7 @@ def test_grpo_advantages_are_the_group_normalised_scores_on_every_response_token
 
 def test_kl_in_the_reward_is_subtracted_on_response_tokens_and_steers_the_coefficient():
     stage, kl_ctrl = advantages_stage(
-        _cfg(use_kl_in_reward=True, kl_estimator="k1", kl_coef=0.1, kl_ctrl="adaptive", kl_target=0.01)
+        _cfg(use_kl_in_reward=True, kl_penalty="k1", kl_coef=0.1, kl_ctrl="adaptive", kl_target=0.01)
     )
     batch = _rollouts([1.0, 0.0], [1, 1])
     old = torch.full((2, 3), -1.0)
@@ -99,3 +111,105 @@ def test_dynamic_sampling_that_cannot_fill_the_batch_says_what_to_change():
     flat = Batch({"raw": torch.ones(4), "scores": torch.ones(4), "uid": torch.tensor([0, 0, 1, 1])})
     with pytest.raises(DynamicSamplingError, match="kept 0 of the 2 groups.*max_num_gen_batches"):
         stage.run(StepContext(step=1), flat)
+
+
+GRPO = ["algorithm.name=grpo", "rollout.n=4"]
+
+
+def _roles(**present):
+    names = ("actor", "ref", "critic", "reward_model")
+    return SimpleNamespace(**{n: (object() if n == "actor" or present.get(n) else None) for n in names})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "roles", "stages"),
+    [
+        (GRPO, {}, "generate reward old_log_prob advantages update_actor"),
+        (
+            ["algorithm.name=ppo", "algorithm.use_kl_in_reward=true"],
+            {"critic": 1, "ref": 1},
+            "generate reward old_log_prob ref_log_prob values advantages update_critic update_actor",
+        ),
+        (
+            [*GRPO, "algorithm.rollout_correction.rollout_is=token", "algorithm.pf_ppo.enable=true"],
+            {},
+            "generate reward old_log_prob rollout_correction advantages pf_ppo update_actor",
+        ),
+        (
+            [*GRPO, "algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"],
+            {},
+            "generate reward old_log_prob advantages update_actor",
+        ),
+        (
+            ["algorithm.name=ppo", "algorithm.adv_estimator=remax", "rollout.val.n=1"],
+            {},
+            "remax_baseline generate reward old_log_prob advantages update_actor",
+        ),
+    ],
+)
+def test_the_graph_holds_the_stages_the_config_asks_for(overrides, roles, stages):
+    cfg = load_config(None, overrides, check_paths=False)
+    flow, _ = build_rl_dataflow(cfg, _roles(**roles), reward=object())
+    assert " ".join(flow.names) == stages
+
+
+def _corrected(old: list[float], rollout: list[float], **rc) -> tuple[Batch, StepContext]:
+    cfg = load_config(
+        None, [f"algorithm.rollout_correction.{k}={v}" for k, v in rc.items()], check_paths=False
+    )
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    batch = Batch(
+        {
+            "old_log_probs": torch.tensor([old]),
+            "rollout_log_probs": torch.tensor([rollout]),
+            "response_mask": mask,
+        }
+    )
+    ctx = StepContext(step=1)
+    return rollout_correction_stage(cfg).run(ctx, batch), ctx
+
+
+def test_rollout_correction_weights_are_truncated_token_ratios():
+    old, rollout = [-1.0, -0.5, -3.0, -9.0], [-1.2, -2.0, -2.5, -1.0]
+    out, ctx = _corrected(old, rollout, rollout_is="token", rollout_is_threshold=2.0)
+    expected = [min(math.exp(o - r), 2.0) for o, r in zip(old[:3], rollout[:3])] + [0.0]
+    assert out["rollout_is_weights"][0].tolist() == pytest.approx(expected, rel=1e-6)
+    assert out["response_mask"].tolist() == [[1.0, 1.0, 1.0, 0.0]]  # no rejection asked for
+    assert ctx.metrics["rollout_corr/rollout_is_max"] == pytest.approx(math.exp(1.5), rel=1e-6)
+
+
+def test_rollout_rejection_drops_tokens_outside_the_bounds_from_the_mask():
+    old, rollout = [-1.0, -0.5, -3.0, -9.0], [-1.2, -2.0, -2.5, -1.0]  # ratios e^0.2, e^1.5, e^-0.5
+    out, ctx = _corrected(old, rollout, rollout_rs="token", rollout_rs_threshold=2.0)
+    assert "rollout_is_weights" not in out.keys()
+    assert out["response_mask"].tolist() == [[1.0, 0.0, 1.0, 0.0]]  # e^1.5 > 2 dropped; e^-0.5 > 1/2 kept
+    assert ctx.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 3)
+
+
+def test_pf_ppo_resamples_rows_by_score_reproducibly_per_step():
+    cfg = load_config(
+        None, ["algorithm.pf_ppo.enable=true", "algorithm.pf_ppo.reweight_method=max_min"], check_paths=False
+    )
+    stage = pf_ppo_stage(cfg)
+    batch = Batch({"scores": torch.tensor([0.2, 1.0, 0.5, 0.0, 0.7]), "advantages": torch.arange(5.0)})
+    first = stage.run(StepContext(step=3), batch)
+    again = stage.run(StepContext(step=3), batch)
+    assert len(first) == 5 and torch.equal(first["advantages"], again["advantages"])
+    assert set(first["advantages"].tolist()) <= {1.0, 3.0}  # max_min keeps the best and the worst only
+
+
+def test_optimal_token_baseline_gets_the_actors_columns_from_the_batch():
+    cfg = _cfg(adv_estimator="optimal_token_baseline")
+    stage, _ = advantages_stage(cfg)
+    assert {"old_log_probs", "sum_pi_squared"} <= set(stage.reads)
+    batch = _rollouts([1.0, 0.0, 0.5, 0.5], [7, 7, 9, 9])
+    extra = {"old_log_probs": torch.full((4, 3), -0.7), "sum_pi_squared": torch.full((4, 3), 0.4)}
+    out = stage.run(StepContext(step=1), Batch({**dict(batch.tensors.items()), **extra}))
+    from megarl.algorithms.group_advantages import optimal_token_baseline
+
+    expected, _ = optimal_token_baseline(
+        batch["token_level_scores"], extra["old_log_probs"], extra["sum_pi_squared"], batch["uid"],
+        batch["response_mask"],
+    )  # fmt: skip
+    assert torch.equal(out["advantages"], expected)
+    assert out["advantages"].abs().sum() > 0
