@@ -163,10 +163,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_data_make(args: argparse.Namespace) -> int:
     from megarl.data.tasks import make_task
+    from megarl.observe.progress import task
 
-    files = make_task(
-        args.task, args.out, args.n_train, args.n_val, args.n_sft, seed=args.seed, sft_noise=args.sft_noise
-    )
+    what = f"making {args.task}: {args.n_train} train, {args.n_val} val, {args.n_sft} sft examples"
+    with task(what, stream=sys.stderr):  # stdout stays the list of files
+        files = make_task(
+            args.task,
+            args.out,
+            args.n_train,
+            args.n_val,
+            args.n_sft,
+            seed=args.seed,
+            sft_noise=args.sft_noise,
+        )
     for split in ("train", "val", "sft"):
         print(f"{split:5s} {getattr(files, split)}")
     return 0

@@ -383,6 +383,11 @@ class TrainerConfig:
     resume: str = "auto"  # "auto" (latest checkpoint in output_dir if any) | "disable" | checkpoint dir
     seed: int = 42  # global seed (weights of new heads, sampling, dropout)
     launcher: Launcher = "ray"  # "ray" (worker groups, multi-node) | "torchrun" (SPMD, also SLURM srun)
+    # steps (1-based) to profile: a torch.profiler chrome trace per rank of profile_ranks and every rank's
+    # seconds per worker call, under <output_dir>/profile/step_<N>/ (see megarl.observe.profiling)
+    profile_steps: list[int] = field(default_factory=list)
+    # ranks of the actor's (and critic's) worker group that get a trace; every rank's call times are kept
+    profile_ranks: list[int] = field(default_factory=lambda: [0])
 
 
 @dataclass
@@ -390,7 +395,7 @@ class LoggingConfig:
     # where metrics go besides <trainer.output_dir>/metrics.jsonl (always written): any of "console",
     # "jsonl" (accepted; the file is written anyway), "tensorboard", "wandb"
     backends: list[LoggingBackend] = field(default_factory=lambda: ["console"])
-    project: str = "megarl"  # project name (wandb project, tensorboard dir)
+    project: str = "megarl"  # wandb project (TensorBoard writes to <trainer.output_dir>/tensorboard)
     run_name: str | None = None  # None = auto: derived from the algorithm, model and start time
     log_every: int = 1  # print every N-th step's line (metrics.jsonl always gets every step)
 

@@ -423,6 +423,26 @@ def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) ->
             "fix the path or use trainer.resume=auto"
         )
     in_range(problems, "trainer.seed", t.seed, "[0, 2**32)", 0 <= t.seed < 2**32, "e.g. 42")
+    _check_profiling(cfg, problems)
+
+
+def _check_profiling(cfg: MegarlConfig, problems: list[str]) -> None:
+    t = cfg.trainer
+    last = t.total_steps
+    outside = [s for s in t.profile_steps if s < 1 or (last is not None and s > last)]
+    if outside:
+        steps = f"1..{last} (trainer.total_steps)" if last is not None else "≥ 1"
+        problems.append(
+            f"trainer.profile_steps={t.profile_steps} has {join(outside)} outside {steps}; "
+            "list steps in that range, e.g. [2]"
+        )
+    world = max(cfg.world_size(role) for role in ("actor", "critic") if role == "actor" or cfg.critic.enable)
+    outside = [r for r in t.profile_ranks if not 0 <= r < world]
+    if outside:
+        problems.append(
+            f"trainer.profile_ranks={t.profile_ranks} has {join(outside)} outside 0..{world - 1} "
+            f"(the profiled worker groups have {world} rank{'s' if world > 1 else ''}); e.g. [0]"
+        )
 
 
 def _check_logging(cfg: MegarlConfig, problems: list[str]) -> None:

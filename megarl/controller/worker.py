@@ -18,6 +18,7 @@ from megarl.distributed.backend import init_distributed
 from megarl.distributed.env import detect_env
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
+from megarl.observe.profiling import RANK_PROFILER
 
 
 class RemoteError(RuntimeError):
@@ -82,9 +83,11 @@ class Worker:
         }
 
     def execute(self, method_name: str, args: tuple, kwargs: dict) -> Any:
-        """Run one dispatched call; an exception comes back as a RemoteError naming this rank."""
+        """Run one dispatched call; an exception comes back as a RemoteError naming this rank. While a
+        step is profiled (`megarl.observe.profiling`), the call's seconds are recorded."""
         try:
-            return getattr(self, method_name)(*args, **kwargs)
+            with RANK_PROFILER.timed(getattr(self, "role", type(self).__name__), method_name):
+                return getattr(self, method_name)(*args, **kwargs)
         except Exception as e:
             raise RemoteError(
                 self.env.rank,

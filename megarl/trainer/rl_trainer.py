@@ -8,7 +8,8 @@
 
 The same trainer runs under `trainer.launcher=ray` (this process is the single controller; the worker
 groups are Ray actors) and `trainer.launcher=torchrun` (every process runs this loop, SPMD; only rank 0
-writes files). Every worker process is shut down when `fit` returns, raises, or is interrupted.
+writes files). Every worker process is shut down, and every logging backend flushed and closed, when
+`fit` returns, raises, or is interrupted.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import torch
 from megarl.algorithms.aggregate import masked_mean
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
+from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.protocol import Batch
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
-from megarl.trainer.roles import Roles, build_roles
+from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
 
 
 class RLTrainer:
@@ -59,13 +61,18 @@ class RLTrainer:
             if self.val_data is not None:
                 self.reward.check_data_sources(self.val_data.data_sources, "data.val_files")
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
-        self.roles = roles or build_roles(cfg, self.total_steps)
-        self.is_writer = self.roles.is_writer
         self._next_uid = 0
         self.output_dir = Path(cfg.trainer.output_dir)
-        try:  # the worker processes are up already: stop them if anything below fails
-            self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
+        self.roles, self.log = roles, None
+        self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
+        try:  # stop the worker processes and close the logging backends if anything below fails
             self.log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, stream)
+            if self.roles is None:
+                with self.log.task(f"starting the worker groups ({', '.join(enabled_roles(cfg))})"):
+                    self.roles = build_roles(cfg, self.total_steps)
+            self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
+            groups = {"actor": self.roles.actor, "critic": self.roles.critic}
+            self.profiler = StepProfiler.for_run(cfg, groups, self.is_writer)
         except BaseException:
             self.close()
             raise
@@ -98,11 +105,12 @@ class RLTrainer:
             self.close()
 
     def train_step(self, step: int) -> dict[str, float]:
-        start = time.perf_counter()
-        prompts = self.next_prompts()
-        ctx = StepContext(step=step)
-        batch = self.flow.run(prompts, ctx)
-        seconds = time.perf_counter() - start
+        with self.profiler.step(step):  # trainer.profile_steps: traces and per-rank call times
+            start = time.perf_counter()
+            prompts = self.next_prompts()
+            ctx = StepContext(step=step)
+            batch = self.flow.run(prompts, ctx)
+            seconds = time.perf_counter() - start
         metrics = {**ctx.metrics, **batch_statistics(batch)}
         tokens = float(batch["attention_mask"].sum())
         metrics.update(
@@ -144,7 +152,13 @@ class RLTrainer:
         return metrics
 
     def close(self) -> None:
-        self.roles.shutdown()
+        """Stop every worker process and flush and close the logging backends; idempotent."""
+        try:
+            if self.roles is not None:
+                self.roles.shutdown()
+        finally:
+            if self.log is not None:
+                self.log.close()
 
     def _describe(self) -> str:
         c = self.cfg

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,17 @@ class Roles:
                 pass
         self.actor = self.ref = self.critic = self.reward_model = None
         self.pools = ()
+
+
+def is_writer_process(cfg: MegarlConfig) -> bool:
+    """Whether this process writes logs and files, known before any worker starts: the driver under
+    Ray, rank 0 under torchrun (what `Roles.is_writer` says once the groups are up)."""
+    return cfg.trainer.launcher != "torchrun" or int(os.environ.get("RANK", "0")) == 0
+
+
+def enabled_roles(cfg: MegarlConfig) -> list[str]:
+    """The roles `build_roles` starts for `cfg` (resolved), in start order."""
+    return ["actor"] + [role for role in ("ref", "critic", "reward") if getattr(cfg, role).enable]
 
 
 def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:

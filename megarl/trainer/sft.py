@@ -19,9 +19,10 @@ from typing import TextIO
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
 from megarl.data.sft import load_sft_examples, sft_batches
-from megarl.observe.progress import ProgressLog
+from megarl.observe.profiling import StepProfiler
+from megarl.observe.progress import ProgressLog, format_duration
 from megarl.trainer.rl_stages import role_metrics
-from megarl.trainer.roles import build_roles
+from megarl.trainer.roles import build_roles, is_writer_process
 
 
 def sft_config(cfg: MegarlConfig) -> MegarlConfig:
@@ -49,12 +50,23 @@ class SFTTrainer:
         self.steps_per_epoch = len(self.examples) // self.batch_size
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
         self.output_dir = Path(cfg.trainer.output_dir)
-        self.roles = build_roles(cfg, self.total_steps)
+        self.roles = None
+        self.log = ProgressLog.for_run(cfg, self.total_steps, is_writer_process(cfg), stream)
         try:
-            self.log = ProgressLog.for_run(cfg, self.total_steps, self.roles.is_writer, stream)
+            with self.log.task("starting the actor's workers"):
+                self.roles = build_roles(cfg, self.total_steps)
+            self.profiler = StepProfiler.for_run(cfg, {"actor": self.roles.actor}, self.roles.is_writer)
         except BaseException:
-            self.roles.shutdown()
+            self.close()
             raise
+
+    def close(self) -> None:
+        """Stop the workers and flush and close the logging backends; idempotent."""
+        try:
+            if self.roles is not None:
+                self.roles.shutdown()
+        finally:
+            self.log.close()
 
     def fit(self) -> Path:
         """Train, then export; returns the HF checkpoint directory."""
@@ -64,13 +76,14 @@ class SFTTrainer:
                 f"megarl sft: {len(self.examples)} examples, {self.total_steps} steps of {self.batch_size} on "
                 f"{self.cfg.model.path}"
             )
-            step, epoch = 0, 0
+            step, epoch, epoch_start = 0, 0, time.perf_counter()
             while step < self.total_steps:
                 for batch in sft_batches(self.examples, self.batch_size, self.cfg.data.seed, epoch, pad):
                     step += 1
-                    start = time.perf_counter()
-                    metrics = role_metrics("actor", self.roles.actor.sft_update(batch))
-                    seconds = time.perf_counter() - start
+                    with self.profiler.step(step):
+                        start = time.perf_counter()
+                        metrics = role_metrics("actor", self.roles.actor.sft_update(batch))
+                        seconds = time.perf_counter() - start
                     metrics["sft/loss"] = metrics.pop("actor/loss")
                     metrics.update(
                         {
@@ -80,12 +93,21 @@ class SFTTrainer:
                         }
                     )
                     if step == self.total_steps and self.val_examples:
-                        metrics["val/loss"] = self.validation_loss()
+                        with self.log.task(f"validation loss on {len(self.val_examples)} examples"):
+                            metrics["val/loss"] = self.validation_loss()
                     self.log.log(step, metrics)
                     if step == self.total_steps:
                         break
+                else:
+                    if self.steps_per_epoch > 1:  # else the step lines say it all
+                        self.log.message(
+                            f"sft: epoch {epoch + 1} done at step {step}/{self.total_steps} in "
+                            f"{format_duration(time.perf_counter() - epoch_start)}, loss {metrics['sft/loss']:.4f}"
+                        )
+                    epoch_start = time.perf_counter()
                 epoch += 1
-            out = self.roles.actor.export_hf(str(self.output_dir / "hf"))[0]
+            with self.log.task(f"writing the Hugging Face checkpoint to {self.output_dir / 'hf'}"):
+                out = self.roles.actor.export_hf(str(self.output_dir / "hf"))[0]
             if self.roles.is_writer:
                 self.log.message(f"megarl sft: wrote the Hugging Face checkpoint {out}")
                 (self.output_dir / "sft_summary.json").write_text(
@@ -93,7 +115,7 @@ class SFTTrainer:
                 )
             return Path(out)
         finally:
-            self.roles.shutdown()
+            self.close()
 
     def validation_loss(self) -> float:
         """Mean negative log-likelihood per response token over data.val_files."""

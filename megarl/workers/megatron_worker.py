@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import load_hf_into_chunks
 from megarl.models.forward import run_microbatches
 from megarl.models.from_hf import ModelArchitecture
+from megarl.observe.profiling import RANK_PROFILER, trace_name
 from megarl.workers.sequences import Sequences, build_microbatch, padded_length, scatter_rows
 
 
@@ -129,6 +131,22 @@ class MegatronWorker(Worker):
             raise RuntimeError(
                 f"the {self.role} role's {', '.join(offloaded)} are offloaded; call reload() first"
             )
+
+    # ---- profiling -----------------------------------------------------------------------------------
+
+    @register(Dispatch.ONE_TO_ALL)
+    def start_profile(self, step: int, out_dir: str, ranks: list[int]) -> None:
+        """Time every call on this rank until `stop_profile`; on `ranks` also record a torch.profiler
+        trace to `<out_dir>/rank_<r>.json` (`<role>_rank_<r>.json` for roles other than the actor). A
+        no-op when another role of this process already profiles it (its profile covers this one)."""
+        trace = Path(out_dir) / trace_name(self.role, self.env.rank) if self.env.rank in ranks else None
+        RANK_PROFILER.start(self.role, trace)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> dict[int, dict[str, float]]:
+        """{this rank: {"<role>.<method>": seconds}} since `start_profile`, the trace written; {rank: {}}
+        when this role did not start the process's profile."""
+        return {self.env.rank: RANK_PROFILER.stop(self.role) or {}}
 
     # ---- micro-batches -------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """`megarl` sub-commands reject bad input with exit code 2 and a message that says what to fix."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,10 @@ def test_unsupported_architecture_is_named(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "num_attention_heads": 4}))
     code, _, err = run(["verify-model", "--hf", str(tmp_path)], capsys)
     assert code == 2 and "model_type='gpt2' is not supported" in err
+
+
+def test_data_make_lists_the_files_on_stdout_and_its_progress_on_stderr(tmp_path, capsys):
+    argv = f"data make digits_sort --out {tmp_path} --n-train 8 --n-val 4 --n-sft 8".split()
+    code, out, err = run(argv, capsys)
+    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["train", "val", "sft"]
+    assert re.fullmatch(r"making digits_sort: 8 train, 4 val, 8 sft examples … done in \d+\.\d s\n", err)

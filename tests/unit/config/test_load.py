@@ -227,6 +227,14 @@ INVALID = [
         ["logging.backends=[console, mlflow]", "console, jsonl, tensorboard, wandb"],
     ),
     (["logging.backends=[console,console]"], ["logging.backends lists console more than once"]),
+    (
+        ["trainer.profile_steps=[0,3,12]"],
+        ["trainer.profile_steps=[0, 3, 12] has 0, 12 outside 1..10 (trainer.total_steps)"],
+    ),
+    (
+        ["trainer.profile_ranks=[-1,1,2]"],
+        ["trainer.profile_ranks=[-1, 1, 2] has -1, 2 outside 0..1 (the profiled worker groups have 2 ranks)"],
+    ),
     (["trainer.launcher=slurm"], ["trainer.launcher=slurm", "one of ray, torchrun"]),
     (["trainer.resume=/nonexistent/ckpt"], ["trainer.resume=/nonexistent/ckpt is neither auto, disable nor"]),
     (["trainer.eval_every=5", "data.val_files=[]"], ["trainer.eval_every=5 but data.val_files is empty"]),
@@ -335,6 +343,12 @@ def test_ppo_llama_8b_layout_fits_llama3_8b(tmp_path):
     )
     assert any(p.startswith("rollout.tp=8 does not divide actor.parallel.tp=4") for p in err.problems)
     assert any(p.startswith("actor.parallel.pp=3 does not divide num_hidden_layers=32") for p in err.problems)
+
+
+def test_profiling_any_step_of_the_run_on_any_rank_loads(tiny_run):
+    cfg = load_config(QUICKSTART, [*tiny_run, "trainer.profile_steps=[1,10]", "trainer.profile_ranks=[0,1]"])
+    assert (cfg.trainer.profile_steps, cfg.trainer.profile_ranks) == ([1, 10], [0, 1])
+    assert (MegarlConfig().trainer.profile_steps, MegarlConfig().trainer.profile_ranks) == ([], [0])
 
 
 def test_config_to_yaml_round_trips(tmp_path, tiny_run):

@@ -1,0 +1,2 @@
+"""Observability: step metrics to the console and the logging backends (`progress`, `backends`), and
+per-rank profiles of chosen steps (`profiling`)."""
