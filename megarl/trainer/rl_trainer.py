@@ -25,6 +25,8 @@ from megarl.algorithms.aggregate import masked_mean
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
 from megarl.observe.progress import ProgressLog
+from megarl.observe.report import try_write_report
+from megarl.observe.run_files import write_run_files
 from megarl.protocol import Batch
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
@@ -66,6 +68,8 @@ class RLTrainer:
         try:  # the worker processes are up already: stop them if anything below fails
             self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
             self.log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, stream)
+            if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
+                write_run_files(cfg, self.output_dir)
         except BaseException:
             self.close()
             raise
@@ -96,6 +100,8 @@ class RLTrainer:
             return history
         finally:
             self.close()
+            if self.is_writer:  # also after a crash: the report of what was logged; never raises
+                try_write_report(self.output_dir, self.log.message)
 
     def train_step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
