@@ -14,6 +14,7 @@ BASE = [
     "wandb",
     "tensorboard",
     "rich",
+    "matplotlib",  # megarl report: PNG curves (Agg canvas, headless)
     "psutil",  # megatron's dist-checkpoint save imports it without declaring it
 ]
 

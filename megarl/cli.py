@@ -10,6 +10,7 @@ megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an 
 megarl data make TASK --out DIR               a locally generated verifiable task, in verl's schema
 megarl quickstart [--out DIR]                 tiny model -> SFT warm-start -> GRPO, on 2 CPU processes
 megarl parity-check [--out DIR]               Megatron vs transformers at 4 layouts, checkpoint round trip
+megarl report RUN_DIR [RUN_DIR ...] [--out DIR]  plots + report.md of a run; several runs: overlaid
 """
 
 from __future__ import annotations
@@ -193,6 +194,13 @@ def cmd_parity_check(args: argparse.Namespace) -> int:
     return run_parity_check(Path(args.out))
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from megarl.observe.report import describe, write_report
+
+    print(describe(write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from megarl.models.dtypes import DTYPE_NAMES
 
@@ -292,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     parity = sub.add_parser("parity-check", help="Megatron vs transformers at 4 layouts, round trip")
     parity.add_argument("--out", default="outputs/parity_check")
     parity.set_defaults(func=cmd_parity_check)
+
+    report = sub.add_parser("report", help="PNG plots and report.md of a run; several runs: overlaid")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's trainer.output_dir")
+    report.add_argument(
+        "--out", default=None, help="default: RUN_DIR/report, or FIRST_RUN/report/compare for several runs"
+    )
+    report.set_defaults(func=cmd_report)
     return parser
 
 

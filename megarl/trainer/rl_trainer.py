@@ -27,6 +27,8 @@ from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
+from megarl.observe.report import try_write_report
+from megarl.observe.run_files import write_run_files
 from megarl.protocol import Batch
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
@@ -67,6 +69,8 @@ class RLTrainer:
         self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
         try:  # stop the worker processes and close the logging backends if anything below fails
             self.log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, stream)
+            if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
+                write_run_files(cfg, self.output_dir)
             if self.roles is None:
                 with self.log.task(f"starting the worker groups ({', '.join(enabled_roles(cfg))})"):
                     self.roles = build_roles(cfg, self.total_steps)
@@ -103,6 +107,8 @@ class RLTrainer:
             return history
         finally:
             self.close()
+            if self.is_writer:  # also after a crash: the report of what was logged; never raises
+                try_write_report(self.output_dir, self.log.message)
 
     def train_step(self, step: int) -> dict[str, float]:
         with self.profiler.step(step):  # trainer.profile_steps: traces and per-rank call times
@@ -116,6 +122,7 @@ class RLTrainer:
         metrics.update(
             {
                 "step_seconds": seconds,
+                "batch/sequences": len(batch),
                 "throughput/tokens_per_s": tokens / seconds,
                 "data/epoch": self.loader.epoch,
             }
