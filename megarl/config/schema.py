@@ -398,6 +398,9 @@ class LoggingConfig:
     project: str = "megarl"  # wandb project (TensorBoard writes to <trainer.output_dir>/tensorboard)
     run_name: str | None = None  # None = auto: derived from the algorithm, model and start time
     log_every: int = 1  # print every N-th step's line (metrics.jsonl always gets every step)
+    # write <trainer.output_dir>/report/ (PNG curves + report.md) when the run ends or crashes (a few
+    # seconds on the driver); `megarl report RUN_DIR` draws it later from the files either way
+    report: bool = True
 
 
 @dataclass

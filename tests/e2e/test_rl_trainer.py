@@ -14,6 +14,13 @@ import torch
 
 from megarl.trainer.dataflow import Stage
 from megarl.trainer.rl_trainer import RLTrainer
+from tests.helpers.run_files import (
+    assert_same_as_jsonl,
+    image_stats,
+    jsonl_history,
+    tensorboard_history,
+    wandb_history,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -40,11 +47,22 @@ def steps(history: list[dict]) -> list[dict]:
     return [h for h in history if h["step"] > 0]
 
 
+# the GRPO run also logs to TensorBoard and wandb (offline) and profiles step 2 on both ranks
+OBSERVED = (
+    "logging.backends=[console,tensorboard,wandb]",
+    "trainer.profile_steps=[2]",
+    "trainer.profile_ranks=[0,1]",
+    "logging.report=true",
+)
+
+
 @pytest.fixture(scope="module")
 def grpo_run(rl_setup, tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo")
-    cfg = rl_setup.grpo_config(out, *GRPO, "trainer.total_steps=12", "trainer.eval_every=12")
-    history, responses = run(cfg)
+    cfg = rl_setup.grpo_config(out, *GRPO, "trainer.total_steps=12", "trainer.eval_every=12", *OBSERVED)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        history, responses = run(cfg)
     return cfg, history, responses, out
 
 
@@ -78,6 +96,40 @@ def test_grpo_reward_rises_and_engine_log_probs_match_megatron_every_step(grpo_r
         assert math.isfinite(records[1][key]), key
     summary = json.loads((out / "summary.json").read_text())
     assert summary["val_reward_before"] == val[0] and summary["val_reward_after"] == val[-1]
+
+
+def test_tensorboard_and_wandb_hold_exactly_what_metrics_jsonl_holds(grpo_run):
+    *_, out = grpo_run
+    jsonl = jsonl_history(out)
+    assert sorted(jsonl) == list(range(13))
+    assert_same_as_jsonl(tensorboard_history(out / "tensorboard"), jsonl, rel=1e-6)  # float32 events
+    assert_same_as_jsonl(wandb_history(out), jsonl, rel=1e-12)
+
+
+def test_the_run_report_has_a_real_plot_per_logged_curve(grpo_run):
+    *_, out = grpo_run
+    pngs = sorted(p.stem for p in (out / "report").glob("*.png"))
+    expected = ["clip_frac", "entropy", "grad_norm", "kl", "logprob_diff", "lr", "response_length"]
+    assert pngs == sorted([*expected, "reward", "throughput", "timing"])  # GRPO: no value loss
+    for name in pngs:
+        size, colors, std = image_stats(out / "report" / f"{name}.png")
+        assert size[0] >= 600 and colors > 50 and std > 10, (name, size, colors, std)
+    report = (out / "report" / "report.md").read_text()
+    assert "| training steps | 12 of 12 planned |" in report and "Layout per role" in report
+
+
+def test_a_profiled_step_has_a_trace_and_call_times_for_every_rank(grpo_run):
+    *_, out = grpo_run
+    step = out / "profile" / "step_2"
+    for rank in (0, 1):
+        trace = json.loads((step / f"rank_{rank}.json").read_text())
+        assert len(trace["traceEvents"]) > 100, rank
+    times = json.loads((step / "stage_times.json").read_text())
+    actor = times["ranks"]["actor"]
+    assert sorted(actor) == ["0", "1"]
+    for rank in actor.values():
+        assert rank["actor.generate"] > 0 and rank["actor.update"] > 0 and rank["ref.ref_log_prob"] > 0
+    assert not (out / "profile" / "step_1").exists()
 
 
 def test_torchrun_launcher_gives_the_ray_runs_step_one(grpo_run, rl_setup, tmp_path):

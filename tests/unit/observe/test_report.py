@@ -18,6 +18,7 @@ from megarl.observe.machine import role_layouts
 from megarl.observe.plots import PLOT_NAMES
 from megarl.observe.report import try_write_report, write_report
 from megarl.observe.run_files import read_run, write_run_files
+from tests.helpers.run_files import image_stats
 
 pytestmark = pytest.mark.unit
 
@@ -110,19 +111,6 @@ def crashed_run(tmp_path_factory) -> Path:
     (run_dir / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40])
     write_report([run_dir])
     return run_dir
-
-
-def image_stats(path: Path) -> tuple[tuple[int, int], int, float]:
-    """(width, height), distinct colours and the std of the gray pixel values of a PNG."""
-    import numpy as np
-    from PIL import Image
-
-    with Image.open(path) as im:
-        im.verify()
-    with Image.open(path) as im:
-        rgb = np.asarray(im.convert("RGB")).astype(np.int32)
-    colors = len(np.unique((rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]))
-    return (rgb.shape[1], rgb.shape[0]), colors, float(rgb.mean(axis=2).std())
 
 
 def test_every_plot_of_a_full_run_is_a_distinct_non_blank_png(full_run):
