@@ -142,7 +142,18 @@ def _assign(merged: DictConfig, key: str, value: Any, problems: list[str]) -> No
         )
 
 
+# keys megarl has renamed: old name -> what to write instead
+_RENAMED = {
+    "algorithm.kl_estimator": (
+        "algorithm.kl_penalty (the in-reward KL estimator) and algorithm.kl_loss_type (the KL loss's), "
+        "with verl's names"
+    ),
+}
+
+
 def _unknown_key(key: str, name: str, siblings: list[str], prefix: str) -> str:
+    if key in _RENAMED:
+        return f"unknown key '{key}' — it was split/renamed: use {_RENAMED[key]}"
     close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
     if close:
         return f"unknown key '{key}' — did you mean '{prefix}{close[0]}'?"

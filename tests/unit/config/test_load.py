@@ -142,6 +142,10 @@ INVALID = [
     ),
     (["algorithm.kl_penalty=k4"], ["algorithm.kl_penalty=k4", "one of k1, k2, k3, low_var_kl"]),
     (
+        ["algorithm.kl_estimator=k3"],
+        ["'algorithm.kl_estimator' — it was split/renamed: use algorithm.kl_penalty"],
+    ),
+    (
         ["algorithm.adv_estimator=a2c"],
         [
             "algorithm.adv_estimator=a2c",
