@@ -34,6 +34,11 @@ from megarl.rollout.vllm_groups import (
     spare_default_process_group,
 )
 
+# vLLM logs INFO lines per weight reload and cache reset, every step, from every rank: in a run's log
+# (Ray forwards worker output; SLURM files) they drown the progress lines. VLLM_LOGGING_LEVEL=INFO
+# brings them back. vLLM reads this when it is first imported, which happens below this module.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
 # Log-probs of the distribution actually sampled from (temperature, top-k/top-p applied).
 _LOGPROBS_MODE = "processed_logprobs"
 
