@@ -220,10 +220,6 @@ def values_stage(critic: Any) -> Stage:
     return Stage("values", values, reads=SEQUENCE_COLUMNS, writes=(Col.VALUES,))
 
 
-# estimators whose std division algorithm.norm_adv_by_std_in_grpo switches (verl's rule)
-_STD_NORMED = ("grpo", "grpo_passk")
-
-
 def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
     """Token rewards (scores, minus kl_coef·KL when algorithm.use_kl_in_reward) -> advantages, returns."""
     algo = cfg.algorithm
@@ -234,7 +230,8 @@ def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
         "optimal_token_baseline": (Col.OLD_LOG_PROBS, Col.SUM_PI_SQUARED),
     }.get(algo.adv_estimator, ())
     kl_inputs = (Col.OLD_LOG_PROBS, Col.REF_LOG_PROBS) if algo.use_kl_in_reward else ()
-    options = {"norm_by_std": algo.norm_adv_by_std_in_grpo} if algo.adv_estimator in _STD_NORMED else {}
+    traits = ESTIMATOR_TRAITS[algo.adv_estimator]
+    options = {"norm_by_std": algo.norm_adv_by_std_in_grpo} if traits.std_norm_flag else {}
 
     def column(batch: Batch, name: str) -> torch.Tensor | None:
         return batch[name].float() if name in batch else None

@@ -50,6 +50,7 @@ def test_every_estimator_has_traits_that_match_its_signature():
         assert traits.needs_critic == ("values" in params), name
         assert traits.needs_group == ("group_ids" in params), name
         assert traits.needs_sum_pi_squared == ("sum_pi_squared" in params), name
+        assert not traits.std_norm_flag or "norm_by_std" in params, name
 
 
 def test_every_policy_loss_has_its_parameter_table():
