@@ -13,6 +13,7 @@ import socket
 import traceback
 from typing import Any
 
+from megarl.controller import faults
 from megarl.controller.dispatch import Dispatch, RankInfo, register
 from megarl.distributed.backend import init_distributed
 from megarl.distributed.env import detect_env
@@ -85,8 +86,10 @@ class Worker:
     def execute(self, method_name: str, args: tuple, kwargs: dict) -> Any:
         """Run one dispatched call; an exception comes back as a RemoteError naming this rank. While a
         step is profiled (`megarl.observe.profiling`), the call's seconds are recorded."""
+        role = getattr(self, "role", type(self).__name__)
         try:
-            with RANK_PROFILER.timed(getattr(self, "role", type(self).__name__), method_name):
+            faults.on_call(role, method_name, self.env.rank)  # MEGARL_FAULT (tests of failures)
+            with RANK_PROFILER.timed(role, method_name):
                 return getattr(self, method_name)(*args, **kwargs)
         except Exception as e:
             raise RemoteError(

@@ -22,6 +22,7 @@ from megarl.algorithms.kl import kl_penalty
 from megarl.algorithms.loss_traits import LOSS_PARAMS
 from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
 from megarl.config.roles import RoleSpec
+from megarl.controller import faults
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import vocab_parallel_entropy
 from megarl.protocol import Batch, Col
@@ -122,7 +123,7 @@ class ActorWorker(MegatronWorker):
             kl = aggregate(kl, mask, algo.loss_agg_mode, **counts.agg())
             loss = loss + algo.kl_loss_coef * kl
             out["actor/kl_loss"] = kl.detach()
-        return loss, out
+        return loss * float("nan") if faults.poisoned(self.role, "update", self.env.rank) else loss, out
 
     def _loss_generator(self) -> torch.Generator:
         if self._generator is None:
