@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import shutil
 import sys
+from pathlib import Path
+
+from megarl.controller.rank_status import STATUS_DIR
 
 EXIT_USAGE = 2
 
@@ -22,7 +25,8 @@ def _under_torchrun() -> bool:
 
 
 def _relaunch_with_torchrun(cfg, argv: list[str]) -> int:
-    """Start `torchrun -m megarl.train argv` on this node with one process per configured device."""
+    """Start `torchrun -m megarl.train argv` on this node with one process per configured device; when
+    it fails, say which rank died or hung and what the others were doing (from their status files)."""
     from megarl.distributed.launch import free_port
 
     t = cfg.trainer
@@ -44,28 +48,50 @@ def _relaunch_with_torchrun(cfg, argv: list[str]) -> int:
         "megarl.train",
         *argv,
     ]
+    return supervise_torchrun(cmd, Path(t.output_dir) / STATUS_DIR, t.worker_timeout_s)
+
+
+def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None = None) -> int:
+    """Run the torchrun command `cmd` whose ranks keep status files in `status_dir`; on failure print
+    the post-mortem. Returns the exit code."""
+    from megarl.controller.rank_status import post_mortem
+    from megarl.distributed.launch import supervise
+
+    shutil.rmtree(status_dir, ignore_errors=True)  # a previous run's files would mislead the post-mortem
     try:
-        return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        job = supervise(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except KeyboardInterrupt:  # torchrun got the signal too and stops its ranks
         print("megarl: interrupted", file=sys.stderr)
         return 130
+    if job.returncode != 0:
+        message = post_mortem(status_dir, job.returncode, job.output_tail, timeout_s)
+        if job.leftovers:
+            message += (
+                f"\n(stopped {len(job.leftovers)} process(es) the job left behind: pids {job.leftovers})"
+            )
+        print(f"megarl train: {message}", file=sys.stderr)
+    return job.returncode
 
 
 def run(config: str, overrides: list[str], sft: bool = False) -> int:
     """Load and check the config, then train; returns the exit code."""
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
+    from megarl.controller import faults
+    from megarl.controller.rank_status import RANK_STATUS
     from megarl.controller.resource_pool import ResourcePoolError
     from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
     from megarl.rewards.custom import RewardError
+    from megarl.trainer.bad_steps import BadStepsError
     from megarl.trainer.dataflow import DataflowError
     from megarl.trainer.rl_stages import DynamicSamplingError
 
     argv = [config, *overrides] + (["--sft"] if sft else [])
     try:
         cfg = load_config(config, ["algorithm.name=sft", *overrides] if sft else overrides)
-    except (ConfigError, FileNotFoundError) as e:
+        faults.active()  # a bad MEGARL_FAULT fails here, not inside a worker
+    except (ConfigError, FileNotFoundError, faults.FaultSpecError) as e:
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if cfg.trainer.launcher == "torchrun" and not _under_torchrun():
@@ -73,6 +99,8 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     if cfg.trainer.launcher == "ray" and _under_torchrun():
         print("megarl: this process runs under torchrun; set trainer.launcher=torchrun", file=sys.stderr)
         return EXIT_USAGE
+    if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
+        RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
     try:
         if sft:
             from megarl.trainer.sft import SFTTrainer
@@ -83,14 +111,21 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
 
             RLTrainer(cfg).fit()
     except (DataError, RewardError, DataflowError, ResourcePoolError, OSError) as e:
+        RANK_STATUS.finish(e)
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (WorkerError, DynamicSamplingError) as e:  # every worker process is already stopped
+    except (WorkerError, DynamicSamplingError, BadStepsError) as e:  # every worker process is already stopped
+        RANK_STATUS.finish(e)
         print(f"megarl {'sft' if sft else 'train'}: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        RANK_STATUS.finish(e)
         print("megarl: interrupted; every worker was stopped", file=sys.stderr)
         return 130
+    except BaseException as e:
+        RANK_STATUS.finish(e)
+        raise
+    RANK_STATUS.finish()
     return 0
 
 

@@ -388,6 +388,11 @@ class TrainerConfig:
     profile_steps: list[int] = field(default_factory=list)
     # ranks of the actor's (and critic's) worker group that get a trace; every rank's call times are kept
     profile_ranks: list[int] = field(default_factory=lambda: [0])
+    # the longest one worker call (Ray: the driver kills the group after it) or one collective (every
+    # process group's timeout, torchrun and Ray) may take before the run fails; 30 min like NCCL's default
+    worker_timeout_s: float = 1800.0
+    # stop the run after this many steps in a row whose update was skipped for a NaN/inf gradient norm
+    max_bad_steps: int = 3
 
 
 @dataclass

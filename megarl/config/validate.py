@@ -423,6 +423,12 @@ def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) ->
             "fix the path or use trainer.resume=auto"
         )
     in_range(problems, "trainer.seed", t.seed, "[0, 2**32)", 0 <= t.seed < 2**32, "e.g. 42")
+    if not t.worker_timeout_s > 0:
+        problems.append(
+            f"trainer.worker_timeout_s={t.worker_timeout_s} must be > 0: it bounds every worker call and "
+            "collective; use e.g. 1800 (30 min), more for long generations or checkpoint saves"
+        )
+    at_least(problems, "trainer.max_bad_steps", t.max_bad_steps, 1, "e.g. 3 (steps in a row with NaN/inf)")
     _check_profiling(cfg, problems)
 
 

@@ -90,8 +90,8 @@ def make_worker_group(
     backend: Backend, pool: Any, cls: type, role: str, kwargs: dict | None = None, **options: Any
 ) -> WorkerGroup:
     """One role's worker group: `cls(**kwargs)` on every rank of `pool` ("ray": a ResourcePool;
-    "spmd": the torchrun world, pool may be None). `options` go to the backend (Ray: call_timeout_s,
-    start_timeout_s)."""
+    "spmd": the torchrun world, pool may be None). `options` go to the backend: call_timeout_s (Ray:
+    the driver's deadline per call; both: every process group's collective timeout) and start_timeout_s."""
     return make_colocated_groups(backend, pool, {role: (cls, kwargs or {})}, **options)[role]
 
 

@@ -10,13 +10,17 @@ on every rank. Colocated roles are several workers in this process, shut down to
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import torch.distributed as dist
 
 from megarl.controller.dispatch import Dispatch, RankInfo, collect, split
 from megarl.controller.group import WorkerGroup
+from megarl.controller.rank_status import RANK_STATUS
 from megarl.controller.worker import RemoteError, WorkerError
+from megarl.distributed.backend import TIMEOUT_ENV, collective_timeout
 
 
 class CompletedFuture:
@@ -59,12 +63,26 @@ class _SPMDMethod:
             raise WorkerError(f"{self.role} group is shut down", self.role)
         calls, context = split(self.mode, args, kwargs, self.rank_infos)
         my_args, my_kwargs = calls[dist.get_rank()]
+        RANK_STATUS.call(self.role, self.name)
         try:
             outcome = ("ok", self.host.workers[self.role].execute(self.name, my_args, my_kwargs))
         except RemoteError as e:
             outcome = ("error", e)
+        RANK_STATUS.returned()
         outcomes = [None] * len(self.rank_infos)
-        dist.all_gather_object(outcomes, outcome)
+        try:
+            dist.all_gather_object(outcomes, outcome)
+        except Exception as e:  # a peer died, or did not arrive within the process group's timeout
+            here = f"rank {dist.get_rank()} on {socket.gethostname()} (pid {os.getpid()})"
+            raise WorkerError(
+                f"{self.role}.{self.name}: {here} finished its part ({outcome[0]}) but could not collect the "
+                f"other ranks' outcomes: a rank died, or timed out after {collective_timeout().total_seconds():g} "
+                f"s (trainer.worker_timeout_s) without arriving: {type(e).__name__}: {e}",
+                self.role,
+                dist.get_rank(),
+                socket.gethostname(),
+                os.getpid(),
+            ) from None
         failed = [o[1] for o in outcomes if o[0] == "error"]
         if failed:
             first = failed[0]
@@ -89,8 +107,9 @@ class SPMDWorkerGroup(WorkerGroup):
     """The ranks of one role under torchrun: this rank's worker is `group.worker`.
 
     The constructor has the Ray group's shape. `pool` is unused (the group is the torchrun world) and
-    may be None; the timeouts are accepted and unused (every call is collective: there is no driver
-    apart from the ranks to wait for them).
+    may be None. Every call is collective (there is no driver apart from the ranks), so
+    `call_timeout_s` becomes the timeout of every process group the workers create (it must be given
+    before the first worker of the process initialises torch.distributed); `start_timeout_s` is unused.
     """
 
     def __init__(
@@ -102,6 +121,8 @@ class SPMDWorkerGroup(WorkerGroup):
         call_timeout_s: float | None = None,
         start_timeout_s: float | None = None,
     ) -> None:
+        if call_timeout_s is not None:
+            os.environ[TIMEOUT_ENV] = str(call_timeout_s)
         self._bind(_LocalHost({role: (worker_cls, init_kwargs or {})}), worker_cls, role)
 
     @classmethod
@@ -114,6 +135,8 @@ class SPMDWorkerGroup(WorkerGroup):
     ) -> dict[str, SPMDWorkerGroup]:
         """Several roles ({role: (worker class, init kwargs)}) as workers of this process, built in
         order; `shutdown()` of any of the groups shuts all of them down."""
+        if call_timeout_s is not None:
+            os.environ[TIMEOUT_ENV] = str(call_timeout_s)
         host = _LocalHost(roles)
         views = {}
         for role, (worker_cls, _) in roles.items():

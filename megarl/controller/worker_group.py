@@ -27,10 +27,12 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from megarl.controller import faults
 from megarl.controller.dispatch import Dispatch, RankInfo, collect, split
 from megarl.controller.group import WorkerGroup
 from megarl.controller.resource_pool import Placement, ResourcePool
 from megarl.controller.worker import RemoteError, WorkerError
+from megarl.distributed.backend import TIMEOUT_ENV
 from megarl.distributed.launch import free_port
 
 
@@ -96,8 +98,15 @@ def _import_root(cls: type) -> str:
 class _RankActors:
     """The actors of one group (or of several colocated role views), and their fate."""
 
-    def __init__(self, pool: ResourcePool, roles: dict[str, tuple[type, dict]], start_timeout_s: float):
+    def __init__(
+        self,
+        pool: ResourcePool,
+        roles: dict[str, tuple[type, dict]],
+        start_timeout_s: float,
+        call_timeout_s: float,
+    ):
         self.pool = pool
+        self.call_timeout_s = call_timeout_s
         self.names = ", ".join(roles)
         self.error: str | None = None
         self.actors: list[Any] = []
@@ -123,7 +132,11 @@ class _RankActors:
                 "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1",
                 "PYTHONPATH": python_path.rstrip(os.pathsep),
+                # a collective inside the group gives up when the driver would (trainer.worker_timeout_s)
+                TIMEOUT_ENV: str(self.call_timeout_s),
             }
+            if faults.ENV in os.environ:  # fault-injection tests
+                env[faults.ENV] = os.environ[faults.ENV]
             actor = _RemoteHost.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(p.placement_group, p.bundle_index),
                 runtime_env={"env_vars": env},
@@ -169,7 +182,7 @@ class _RankActors:
         where = f"rank {rank} of {len(self.actors)} on {host} (pid {pid})"
         self.kill(f"{role}.{method} failed on {where}")
         raise WorkerError(
-            f"{role}.{method} failed on {where}: {detail}\nall actors of the group were killed",
+            f"{role}.{method} failed on {where}: {detail}\nall actors of the group were killed {self.gone()}",
             role,
             rank,
             host,
@@ -180,13 +193,37 @@ class _RankActors:
         where = ", ".join(f"{r} ({self.meta[r]['host']} pid {self.meta[r]['pid']})" for r in ranks)
         self.kill(f"{role}.{method} timed out")
         raise WorkerError(
-            f"{role}.{method}: rank(s) {where} did not answer within {timeout_s:g}s; "
-            "all actors of the group were killed",
+            f"{role}.{method}: rank(s) {where} did not answer within {timeout_s:g}s "
+            f"(trainer.worker_timeout_s); all actors of the group were killed {self.gone()}",
             role,
             ranks[0],
             self.meta[ranks[0]]["host"],
             self.meta[ranks[0]]["pid"],
         )
+
+    def gone(self, timeout_s: float = 10.0) -> str:
+        """Wait (up to `timeout_s`) until the killed actors' processes on this node have exited; says
+        which pids are gone, still running, or on other nodes (not checked from here)."""
+        import psutil
+
+        here = ray.util.get_node_ip_address()
+        local = [m["pid"] for m in self.meta if m["pid"] and m["node_ip"] == here]
+        remote = [f"{m['pid']} on {m['host']}" for m in self.meta if m["pid"] and m["node_ip"] != here]
+        deadline = time.monotonic() + timeout_s
+        alive = local
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [pid for pid in alive if _running(psutil, pid)]
+        parts = (
+            [f"pids {', '.join(str(p) for p in local if p not in alive)} gone"]
+            if len(alive) < len(local)
+            else []
+        )
+        if alive:
+            parts.append(f"pids {', '.join(map(str, alive))} still running after {timeout_s:g}s")
+        if remote:
+            parts.append(f"pids {', '.join(remote)} not checked from this node")
+        return f"({'; '.join(parts)})" if parts else ""
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Let the workers tear down their process groups, then end the processes."""
@@ -218,6 +255,13 @@ class _RankActors:
                 self.kill("garbage-collected")
             except Exception:
                 pass
+
+
+def _running(psutil, pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class RayFuture:
@@ -281,7 +325,7 @@ class RayWorkerGroup(WorkerGroup):
         call_timeout_s: float = 300.0,
         start_timeout_s: float = 300.0,
     ) -> None:
-        actors = _RankActors(pool, {role: (worker_cls, init_kwargs or {})}, start_timeout_s)
+        actors = _RankActors(pool, {role: (worker_cls, init_kwargs or {})}, start_timeout_s, call_timeout_s)
         self._bind(actors, worker_cls, role, call_timeout_s)
 
     @classmethod
@@ -298,7 +342,7 @@ class RayWorkerGroup(WorkerGroup):
         The first role initialises torch.distributed and megatron's layout. A failure in any role,
         or `shutdown()` of any view, ends the shared processes and so every view.
         """
-        actors = _RankActors(pool, roles, start_timeout_s)
+        actors = _RankActors(pool, roles, start_timeout_s, call_timeout_s)
         views = {}
         for role, (worker_cls, _) in roles.items():
             view = cls.__new__(cls)

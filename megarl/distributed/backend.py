@@ -1,4 +1,10 @@
-"""Initialise torch.distributed on this process's platform: nccl on GPUs, gloo (with the CPU shims) without."""
+"""Initialise torch.distributed on this process's platform: nccl on GPUs, gloo (with the CPU shims) without.
+
+Every process group of a worker (the default one here, megatron's in `ParallelLayout.initialize`) waits
+at most `collective_timeout()` in a collective: `MEGARL_WORKER_TIMEOUT_S` seconds, which the worker
+groups set from `trainer.worker_timeout_s` before their workers start (default 30 min, NCCL's). A rank
+that never arrives then makes the others raise instead of waiting forever.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,16 @@ from megarl.distributed.cpu_shims import apply_cpu_shims
 from megarl.distributed.env import DistEnv, detect_env
 from megarl.distributed.platform import platform
 
+TIMEOUT_ENV = "MEGARL_WORKER_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
 
-def init_distributed(env: DistEnv | None = None, timeout_minutes: int = 30) -> DistEnv:
+
+def collective_timeout() -> datetime.timedelta:
+    """How long one collective of this process may wait for its peers."""
+    return datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+
+
+def init_distributed(env: DistEnv | None = None) -> DistEnv:
     """Initialise the default process group once (idempotent) and apply the CPU shims without CUDA."""
     env = env or detect_env()
     platform().bind(env.local_rank)
@@ -24,6 +38,6 @@ def init_distributed(env: DistEnv | None = None, timeout_minutes: int = 30) -> D
             backend=platform().backend,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            timeout=collective_timeout(),
         )
     return env

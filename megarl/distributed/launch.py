@@ -1,4 +1,5 @@
-"""Start a module on N local ranks with torchrun (megarl.distributed.rank_program builds on this)."""
+"""Start a module on N local ranks with torchrun (megarl.distributed.rank_program builds on this), and
+supervise a torchrun job so that nothing it started outlives it (`megarl train trainer.launcher=torchrun`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+from dataclasses import dataclass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,3 +35,71 @@ def run_torchrun(
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@dataclass
+class Supervised:
+    returncode: int
+    output_tail: str  # the last stderr bytes of torchrun and its ranks (torchrun's failure report)
+    leftovers: list[int]  # pids of processes the job left behind, ended here
+
+
+def supervise(cmd: list[str], env: dict[str, str], tail_bytes: int = 65536) -> Supervised:
+    """Run a launcher command (torchrun), passing its stderr through while keeping the tail, then end
+    whatever it left behind. This process becomes a child subreaper first (Linux), so helpers orphaned
+    by a killed rank (a multiprocessing Manager spawned by megatron's checkpoint save: torchrun only
+    signals the process groups of ranks that are still alive) are re-parented here and stopped."""
+    import psutil
+
+    _become_subreaper()
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    tail = bytearray()
+
+    def forward() -> None:
+        while chunk := os.read(proc.stderr.fileno(), 65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            tail.extend(chunk)
+            del tail[:-tail_bytes]
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    try:
+        returncode = proc.wait()
+    except KeyboardInterrupt:  # torchrun got the signal too and stops its ranks
+        returncode = proc.wait()
+        raise
+    finally:
+        reader.join(timeout=5)
+        leftovers = end_descendants(spare=before)
+    return Supervised(returncode, tail.decode(errors="replace"), leftovers)
+
+
+def end_descendants(spare: set[int] = frozenset(), grace_s: float = 3.0) -> list[int]:
+    """SIGTERM, then SIGKILL, every process still below this one except `spare`; their pids."""
+    import psutil
+
+    children = [c for c in psutil.Process().children(recursive=True) if c.pid not in spare]
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [c.pid for c in children]
+
+
+def _become_subreaper() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -212,6 +212,7 @@ class ParallelLayout:
         import torch.distributed as dist
         from megatron.core import parallel_state, tensor_parallel
 
+        from megarl.distributed.backend import collective_timeout
         from megarl.distributed.cpu_shims import apply_megatron_shims
         from megarl.distributed.platform import platform
 
@@ -233,6 +234,8 @@ class ParallelLayout:
             context_parallel_size=self.cp,
             expert_model_parallel_size=self.ep,
             create_gloo_process_groups=platform().gloo_twin_groups,
+            # megatron's groups do not inherit the default group's timeout (torch's new_group default is 30 min)
+            distributed_timeout_minutes=collective_timeout().total_seconds() / 60,
         )
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
         _active[:] = [self]

@@ -65,6 +65,11 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
     from megarl.workers.reference import ReferenceWorker
 
     backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
+    # Ray: the driver's deadline per call (and start); both: every process group's collective timeout
+    timeouts = {
+        "call_timeout_s": cfg.trainer.worker_timeout_s,
+        "start_timeout_s": cfg.trainer.worker_timeout_s,
+    }
     roles = Roles(actor=None)
     pools: dict[str, Any] = {}
 
@@ -81,16 +86,18 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
         colocated = {"actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})}
         if cfg.ref.enable:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
-        groups = make_colocated_groups(backend, pool_for("actor"), colocated)
+        groups = make_colocated_groups(backend, pool_for("actor"), colocated, **timeouts)
         roles.actor, roles.ref = groups["actor"], groups.get("ref")
         if cfg.critic.enable:
             spec = role_spec(cfg, "critic", total_steps)
             roles.critic = make_worker_group(
-                backend, pool_for("critic"), CriticWorker, "critic", {"spec": spec}
+                backend, pool_for("critic"), CriticWorker, "critic", {"spec": spec}, **timeouts
             )
         if cfg.reward.enable:
             cls, kwargs = _reward_worker(cfg)
-            roles.reward_model = make_worker_group(backend, pool_for("reward"), cls, "reward", kwargs)
+            roles.reward_model = make_worker_group(
+                backend, pool_for("reward"), cls, "reward", kwargs, **timeouts
+            )
     except BaseException:
         roles.pools = tuple(pools.values())
         roles.shutdown()

@@ -240,6 +240,8 @@ INVALID = [
         ["trainer.profile_ranks=[-1, 1, 2] has -1, 2 outside 0..1 (the profiled worker groups have 2 ranks)"],
     ),
     (["trainer.launcher=slurm"], ["trainer.launcher=slurm", "one of ray, torchrun"]),
+    (["trainer.worker_timeout_s=0"], ["trainer.worker_timeout_s=0.0 must be > 0", "e.g. 1800"]),
+    (["trainer.max_bad_steps=0"], ["trainer.max_bad_steps=0 must be ≥ 1"]),
     (["trainer.resume=/nonexistent/ckpt"], ["trainer.resume=/nonexistent/ckpt is neither auto, disable nor"]),
     (["trainer.eval_every=5", "data.val_files=[]"], ["trainer.eval_every=5 but data.val_files is empty"]),
     (["actor.parallel.tp"], ["override 'actor.parallel.tp' is not key=value"]),

@@ -1,0 +1,38 @@
+"""Steps whose update was skipped for a NaN/inf gradient norm ("bad" steps), and when they stop the run.
+
+The optimizer never applies a non-finite update (`megarl.models.optimizer.TrainOptimizer.step`); the
+trained roles report how many they skipped per call as `<role>/bad_updates`. A step with any is bad.
+`trainer/bad_steps` counts them over the run; `trainer.max_bad_steps` in a row raise `BadStepsError`.
+"""
+
+from __future__ import annotations
+
+
+class BadStepsError(RuntimeError):
+    """Too many steps in a row had a non-finite gradient norm (`megarl train` exits 1)."""
+
+
+class BadStepCounter:
+    def __init__(self, max_in_a_row: int) -> None:
+        self.max_in_a_row = max_in_a_row
+        self.total = 0
+        self.in_a_row: list[int] = []  # the current run of bad steps
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        """Count `step` (its metrics gain `trainer/bad_steps`); raise after max_in_a_row bad steps."""
+        bad = any(v > 0 for k, v in metrics.items() if k.endswith("/bad_updates"))
+        if bad:
+            self.total += 1
+            self.in_a_row.append(step)
+        else:
+            self.in_a_row.clear()
+        metrics["trainer/bad_steps"] = float(self.total)
+        if len(self.in_a_row) >= self.max_in_a_row:
+            steps = ", ".join(map(str, self.in_a_row))
+            raise BadStepsError(
+                f"steps {steps}: {len(self.in_a_row)} steps in a row (trainer.max_bad_steps={self.max_in_a_row}) "
+                "had a NaN/inf loss or gradient norm, so their updates were skipped; lower the learning rate "
+                "(actor.optimizer.lr / critic.optimizer.lr), check the data and rewards for NaN/inf, or raise "
+                "trainer.max_bad_steps. The weights were never updated with a non-finite gradient: the last "
+                "checkpoint is unaffected"
+            )
