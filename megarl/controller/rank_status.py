@@ -98,6 +98,9 @@ _FAILURE = re.compile(
 )
 
 
+_TIMED_OUT = re.compile(r"timed out|operation timeout", re.I)  # gloo's and NCCL's words
+
+
 def torchrun_failures(output: str) -> tuple[dict[int, str], int | None]:
     """From torchrun's failure report in `output`: {rank: "SIGKILL" | "exit code 1"} and the root-cause rank."""
     report = output[output.rfind("Failures:") :] if "Failures:" in output else ""
@@ -134,31 +137,32 @@ def post_mortem(
         lines.append(f"no rank wrote a status file under {directory}: the ranks died before the run started")
         lines.append(RESUME_ADVICE)
         return "\n".join(lines)
-    waited = [s for s in statuses if s["state"] == "failed" and "timed out" in (s["error"] or "").lower()]
+    waited = [s for s in statuses if s["state"] == "failed" and _TIMED_OUT.search(s["error"] or "")]
     culprits, others = [], []
     for s in statuses:
-        where = _where(s)
+        where, failure = _where(s), failures.get(s["rank"], "")
         if s["state"] == "done":
             others.append((s, "had finished"))
         elif s["state"] == "failed":
             others.append((s, f"failed {where}: {s['error']}"))
         elif _pid_alive(s["pid"]):
             others.append((s, f"is still running {where} (pid alive)"))
-        elif s["rank"] == root and failures.get(s["rank"], "").startswith("SIG"):
-            culprits.append((s, f"was killed by {failures[s['rank']]} {where}"))
+        elif s["rank"] == root and failure.startswith("SIG"):
+            culprits.append((s, f"was killed by {failure} {where}"))
         elif waited:
-            limit = (
-                f" ({timeout_s:g} s, trainer.worker_timeout_s)"
-                if timeout_s
-                else " (trainer.worker_timeout_s)"
+            limit = f"{timeout_s:g} s, " if timeout_s else ""
+            culprits.append(
+                (
+                    s,
+                    f"hung {where}: the other ranks timed out waiting for it ({limit}trainer.worker_timeout_s)",
+                )
             )
-            culprits.append((s, f"hung {where}: the other ranks timed out waiting for it{limit}"))
-        elif s["rank"] in failures and failures[s["rank"]] != "SIGTERM":
-            culprits.append((s, f"died ({failures[s['rank']]}) {where}"))
-        elif not any(o["state"] == "failed" for o in statuses):
-            culprits.append((s, f"died {where} (its process is gone without a failed/done state: killed)"))
-        else:
+        elif failure == "SIGTERM" or any(o["state"] == "failed" for o in statuses):
             others.append((s, f"was stopped by torchrun {where}"))
+        elif failure:
+            culprits.append((s, f"died ({failure}) {where}"))
+        else:
+            culprits.append((s, f"died {where} (its process is gone without a failed/done state: killed)"))
     if not culprits:  # nobody died or hung: the ranks that raised are the cause
         culprits = [o for o in others if o[0]["state"] == "failed"]
         others = [o for o in others if o[0]["state"] != "failed"]

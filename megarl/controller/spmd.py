@@ -76,8 +76,8 @@ class _SPMDMethod:
             here = f"rank {dist.get_rank()} on {socket.gethostname()} (pid {os.getpid()})"
             raise WorkerError(
                 f"{self.role}.{self.name}: {here} finished its part ({outcome[0]}) but could not collect the "
-                f"other ranks' outcomes: a rank died, or timed out after {collective_timeout().total_seconds():g} "
-                f"s (trainer.worker_timeout_s) without arriving: {type(e).__name__}: {e}",
+                f"other ranks' outcomes: a rank died, or did not arrive within {collective_timeout().total_seconds():g} "
+                f"s (trainer.worker_timeout_s): {type(e).__name__}: {e}",
                 self.role,
                 dist.get_rank(),
                 socket.gethostname(),

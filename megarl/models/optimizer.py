@@ -14,6 +14,8 @@ Without Transformer Engine or apex (CPU), megatron falls back to torch.optim.Ada
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from megarl.config.schema import OptimizerConfig
@@ -51,25 +53,53 @@ class TrainOptimizer:
         self.optimizer.zero_grad()
 
     def step(self) -> dict[str, float | bool]:
-        """Clip, update and advance the LR schedule (only if the update happened: fp16 overflow skips).
+        """Clip, update and advance the LR schedule — unless the update must be skipped.
 
-        Returns grad_norm (global L2 norm before clipping; NaN when the update was skipped), lr (the
-        rate this update used), update_successful, and num_zeros (zeros in the gradient) when the
-        optimizer was built with log_num_zeros=True.
+        Megatron's `step()` split in its parts (prepare_grads, the global grad norm, clipping,
+        step_with_ready_grads), so the norm is measured once and checked before anything changes: a
+        NaN/inf norm (a NaN/inf loss or gradient anywhere: the norm is all-reduced over the
+        model-parallel ranks, and over data-parallel ranks too with the distributed optimizer, whose
+        replicas hold the same all-reduced gradients otherwise) skips the update on every rank alike —
+        parameters, Adam state and LR schedule untouched, gradients zeroed. fp16 overflow skips as before.
+
+        Returns grad_norm (global L2 norm before clipping; NaN when fp16 overflow skipped the update), lr
+        (the rate this update used), update_successful, nonfinite (skipped for a NaN/inf norm), and
+        num_zeros (zeros in the gradient) when the optimizer was built with log_num_zeros=True.
         """
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        opt = self.optimizer
         lr = self.lr
-        update_successful, grad_norm, num_zeros = self.optimizer.step()
+        grad_norm, num_zeros, nonfinite = None, None, False
+        update_successful = not opt.prepare_grads()  # False: fp16 loss-scale overflow
+        if update_successful:
+            grad_norm = float(opt.get_grad_norm())
+            nonfinite = not math.isfinite(grad_norm)
+        if nonfinite:
+            update_successful = False
+            self.zero_grad()
+        elif update_successful:
+            for part in getattr(opt, "chained_optimizers", [opt]):
+                params = part.get_parameters()
+                if part.config.clip_grad > 0 and params and not getattr(part, "is_stub_optimizer", False):
+                    clip_grad_by_total_norm_fp32(
+                        params,
+                        part.config.clip_grad,
+                        grad_norm,
+                        part.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8,
+                    )
+            if opt.config.log_num_zeros_in_grad:
+                num_zeros = opt.count_zeros()
+            update_successful = bool(opt.step_with_ready_grads())
         if update_successful:
             self.scheduler.step(increment=1)
-            if grad_norm is None or not self.optimizer.config.clip_grad > 0:
-                # Megatron only measures the norm when it clips; the gradients are unchanged then.
-                grad_norm = self.optimizer.get_grad_norm()
         result: dict[str, float | bool] = {
-            "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
+            "grad_norm": float("nan") if grad_norm is None else grad_norm,
             "lr": lr,
             "update_successful": bool(update_successful),
+            "nonfinite": nonfinite,
         }
-        if num_zeros is not None and self.optimizer.config.log_num_zeros_in_grad:
+        if num_zeros is not None:
             result["num_zeros"] = float(num_zeros)
         return result
 

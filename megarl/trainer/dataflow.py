@@ -90,6 +90,7 @@ class Dataflow:
         self.inputs = tuple(inputs)
         self._stages: list[Stage] = []
         self._edges: set[tuple[str, str]] = set()
+        self.current: str | None = None  # the stage `run` is in (still set when a stage raised)
         for stage in stages:
             self.add_stage(stage)
 
@@ -182,8 +183,10 @@ class Dataflow:
         self.check()
         for stage in self._ordered():
             start = time.perf_counter()
+            self.current = stage.name
             batch = stage.run(ctx, batch)
             ctx.metrics[f"timing/{stage.name}"] = time.perf_counter() - start
+        self.current = None
         return batch
 
     def describe(self) -> str:

@@ -25,11 +25,14 @@ import torch
 from megarl.algorithms.aggregate import masked_mean
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
+from megarl.controller.rank_status import RANK_STATUS, RESUME_ADVICE
+from megarl.controller.worker import WorkerError
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
 from megarl.observe.run_files import write_run_files
 from megarl.protocol import Batch
+from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
@@ -64,6 +67,7 @@ class RLTrainer:
                 self.reward.check_data_sources(self.val_data.data_sources, "data.val_files")
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self._next_uid = 0
+        self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
         self.output_dir = Path(cfg.trainer.output_dir)
         self.roles, self.log = roles, None
         self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
@@ -115,9 +119,20 @@ class RLTrainer:
             start = time.perf_counter()
             prompts = self.next_prompts()
             ctx = StepContext(step=step)
-            batch = self.flow.run(prompts, ctx)
+            RANK_STATUS.set_step(step)
+            try:
+                batch = self.flow.run(prompts, ctx)
+            except WorkerError as e:  # the group's processes are already stopped
+                raise WorkerError(
+                    f"step {step}, stage {self.flow.current}: {e}\n{RESUME_ADVICE}",
+                    e.role,
+                    e.rank,
+                    e.host,
+                    e.pid,
+                ) from None
             seconds = time.perf_counter() - start
         metrics = {**ctx.metrics, **batch_statistics(batch)}
+        self.bad_steps.update(step, metrics)  # BadStepsError after trainer.max_bad_steps in a row
         tokens = float(batch["attention_mask"].sum())
         metrics.update(
             {

@@ -47,7 +47,8 @@ def train_minibatches(
     epochs: int,
 ) -> dict[str, float]:
     """`epochs` passes of optimizer steps of `worker` over mini-batches of `mini_batch_size` local
-    sequences. Returns metrics averaged over the optimizer steps (every rank returns the same)."""
+    sequences. Returns metrics averaged over the optimizer steps (every rank returns the same), and
+    `bad_updates`: how many of them were skipped for a NaN/inf loss or gradient norm."""
     from megatron.core import parallel_state as ps
 
     worker.check_loaded()
@@ -60,6 +61,7 @@ def train_minibatches(
     dp_group = ps.get_data_parallel_group(with_context_parallel=True)
     dp_size = dist.get_world_size(dp_group)
     history: list[dict[str, float]] = []
+    bad_updates = 0
     for _ in range(epochs):
         for start in range(0, n, mini_batch_size):
             rows = list(range(start, start + mini_batch_size))
@@ -80,14 +82,16 @@ def train_minibatches(
             worker.optimizer.zero_grad()
             outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False)
             step = worker.optimizer.step()
+            bad_updates += bool(step.pop("nonfinite"))
             metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)
             metrics.update({k: float(v) for k, v in step.items() if isinstance(v, int | float | bool)})
             history.append(metrics)
-    # a skipped update (fp16 overflow) has no grad norm: average what was measured
+    # a skipped update (fp16 overflow, NaN/inf) has no usable grad norm or loss: average what was measured
     merged = {}
     for key in history[0]:
         values = [h[key] for h in history if math.isfinite(h[key])]
         merged[key] = sum(values) / len(values) if values else float("nan")
+    merged["bad_updates"] = float(bad_updates)
     return merged
 
 

@@ -91,3 +91,13 @@ def test_a_filter_stage_may_drop_rows():
     )
     out = Dataflow([keep_even], ["prompts"]).run(_prompts(5), StepContext(step=1))
     assert len(out) == 3
+
+
+def test_run_knows_the_stage_it_is_in_when_one_raises():
+    def boom(ctx, batch):
+        raise RuntimeError("x")
+
+    flow = Dataflow([Stage("ok", lambda ctx, b: None), Stage("boom", boom)])
+    with pytest.raises(RuntimeError):
+        flow.run(Batch(tensors={"a": torch.zeros(2)}), StepContext(step=1))
+    assert flow.current == "boom"
