@@ -180,3 +180,20 @@ def test_frozen_reference_offloads_to_disk_without_ddp(checks):
     assert result["offload"]["bytes"] == result["param_bytes"]
     assert result["offload"]["storages"] > 1  # one per parameter: no DDP buffer here
     assert result["offload"]["freed"] >= 0.8 * result["param_bytes"]
+
+
+@pytest.mark.parametrize("dist_opt", ["False", "True"])
+def test_a_nan_loss_on_one_rank_skips_the_update_everywhere(checks, dist_opt):
+    r = checks["nonfinite_update_is_skipped"][dist_opt]
+    assert r["decisions"] == [[False, True], [False, True]]  # both ranks: not applied, non-finite
+    assert not r["grad_norm_finite"]
+    assert r["params_unchanged"] and r["optimizer_state_unchanged"]
+    assert r["updates_unchanged"] and r["lr_unchanged"]  # the LR schedule did not advance
+
+
+@pytest.mark.parametrize("dist_opt", ["False", "True"])
+def test_the_step_after_a_skipped_one_is_as_if_it_never_happened(checks, dist_opt):
+    r = checks["nonfinite_update_is_skipped"][dist_opt]
+    assert r["next_step_successful"] and not r["next_step_nonfinite"]
+    assert r["updates_after"] == [2, 2]
+    assert r["max_param_diff_vs_no_nan_run"] <= 1e-7

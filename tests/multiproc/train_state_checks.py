@@ -9,6 +9,7 @@ the learning rate computed by hand.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -77,16 +78,18 @@ def model(arch: ModelArchitecture, weights: dict, dtype: str = "fp32", dist_opt:
 
 
 def train_step(
-    chunks, opt, tokens: torch.Tensor, arch: ModelArchitecture, step: bool = True
+    chunks, opt, tokens: torch.Tensor, arch: ModelArchitecture, step: bool = True, nan_on_rank: int = -1
 ) -> tuple[float, dict]:
     """One optimizer step on this rank's half of `tokens` (only the gradients with step=False); the loss
-    is the token mean of the global batch."""
+    is the token mean of the global batch (NaN on rank `nan_on_rank`)."""
     rank, half = dist.get_rank(), GLOBAL_BATCH // 2
     mine = tokens[rank * half : (rank + 1) * half]
     microbatches = [{"input_ids": mine[i : i + 1, :-1], "labels": mine[i : i + 1, 1:]} for i in range(half)]
 
     def token_mean(mb, out):
         loss = -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).mean()
+        if dist.get_rank() == nan_on_rank:
+            loss = loss * float("nan")
         return loss, {"loss": loss.detach().clone()}
 
     opt.zero_grad()
@@ -233,6 +236,49 @@ def check_grad_norm_without_clipping():
             result["zeros_in_main_grad"] = sum(
                 (p.main_grad == 0).sum().item() for p in chunks[0].parameters()
             )
+    return result
+
+
+def check_nonfinite_update_is_skipped():
+    """A NaN loss on one data-parallel rank: every rank skips the update (params, Adam state, LR
+    schedule untouched, gradients zeroed), and the next finite step gives what it gives without the
+    NaN step in between — distributed optimizer on and off."""
+    weights = initial_weights(SMALL)
+    first, second = batches(SMALL, 2)
+    result = {}
+    for dist_opt in (False, True):
+        cfg = OptimizerConfig(**SCHEDULE, clip_grad=CLIP, use_distributed_optimizer=dist_opt)
+        runs = {}
+        for with_nan in (True, False):
+            chunks = model(SMALL, weights, dist_opt=dist_opt)
+            opt = build_optimizer(chunks, cfg, total_steps=STEPS)
+            train_step(chunks, opt, first, SMALL)
+            if with_nan:
+                before = [t.clone() for t in optimizer_tensors(opt)]
+                params = full_params(chunks)
+                updates, lr = opt.num_updates, opt.lr
+                _, bad = train_step(chunks, opt, second, SMALL, nan_on_rank=1)
+                decisions = [None] * dist.get_world_size()
+                dist.all_gather_object(decisions, (bad["update_successful"], bad["nonfinite"]))
+                after = optimizer_tensors(opt)
+                bad_step = {
+                    "decisions": decisions,
+                    "grad_norm_finite": math.isfinite(bad["grad_norm"]),
+                    "params_unchanged": max_diff(full_params(chunks), params) == 0.0,
+                    "optimizer_state_unchanged": len(before) == len(after)
+                    and all(torch.equal(a, b) for a, b in zip(before, after)),
+                    "updates_unchanged": opt.num_updates == updates,
+                    "lr_unchanged": opt.lr == lr,
+                }
+            _, good = train_step(chunks, opt, second, SMALL)
+            runs[with_nan] = {"params": full_params(chunks), "step": good, "updates": opt.num_updates}
+        result[str(dist_opt)] = {
+            **bad_step,
+            "next_step_successful": runs[True]["step"]["update_successful"],
+            "next_step_nonfinite": runs[True]["step"]["nonfinite"],
+            "updates_after": [runs[True]["updates"], runs[False]["updates"]],
+            "max_param_diff_vs_no_nan_run": max_diff(runs[True]["params"], runs[False]["params"]),
+        }
     return result
 
 
@@ -428,6 +474,7 @@ OPTIMIZER_CHECKS = [
     check_adam_matches_reference_with_and_without_distributed_optimizer,
     check_lr_schedules,
     check_grad_norm_without_clipping,
+    check_nonfinite_update_is_skipped,
     check_bf16_mixed_precision,
 ]
 # These write to the directory given on the command line (the disk target).
