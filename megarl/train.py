@@ -67,7 +67,7 @@ def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None
         message = post_mortem(status_dir, job.returncode, job.output_tail, timeout_s)
         if job.leftovers:
             message += (
-                f"\n(stopped {len(job.leftovers)} process(es) the job left behind: pids {job.leftovers})"
+                f"\nstopped {len(job.leftovers)} process(es) the job left behind: {', '.join(job.leftovers)}"
             )
         print(f"megarl train: {message}", file=sys.stderr)
     return job.returncode

@@ -65,7 +65,7 @@ class _SPMDMethod:
         my_args, my_kwargs = calls[dist.get_rank()]
         RANK_STATUS.call(self.role, self.name)
         try:
-            outcome = ("ok", self.host.workers[self.role].execute(self.name, my_args, my_kwargs))
+            outcome = ("ok", self.host.workers[self.role].execute(self.name, my_args, my_kwargs, self.role))
         except RemoteError as e:
             outcome = ("error", e)
         RANK_STATUS.returned()

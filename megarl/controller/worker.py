@@ -83,10 +83,10 @@ class Worker:
             "pid": os.getpid(),
         }
 
-    def execute(self, method_name: str, args: tuple, kwargs: dict) -> Any:
-        """Run one dispatched call; an exception comes back as a RemoteError naming this rank. While a
-        step is profiled (`megarl.observe.profiling`), the call's seconds are recorded."""
-        role = getattr(self, "role", type(self).__name__)
+    def execute(self, method_name: str, args: tuple, kwargs: dict, role: str | None = None) -> Any:
+        """Run one dispatched call of the group `role`; an exception comes back as a RemoteError naming
+        this rank. While a step is profiled (`megarl.observe.profiling`), the call's seconds are recorded."""
+        role = role or getattr(self, "role", type(self).__name__)
         try:
             faults.on_call(role, method_name, self.env.rank)  # MEGARL_FAULT (tests of failures)
             with RANK_PROFILER.timed(role, method_name):

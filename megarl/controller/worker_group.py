@@ -54,7 +54,7 @@ class _RankHost:
         }
 
     def execute(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
-        return self.workers[role].execute(method, args, kwargs)
+        return self.workers[role].execute(method, args, kwargs, role)
 
     def shutdown(self) -> None:
         for worker in reversed(self.workers.values()):

@@ -41,7 +41,7 @@ def run_torchrun(
 class Supervised:
     returncode: int
     output_tail: str  # the last stderr bytes of torchrun and its ranks (torchrun's failure report)
-    leftovers: list[int]  # pids of processes the job left behind, ended here
+    leftovers: list[str]  # "pid (command)" of processes the job left behind, ended here
 
 
 def supervise(cmd: list[str], env: dict[str, str], tail_bytes: int = 65536) -> Supervised:
@@ -71,29 +71,33 @@ def supervise(cmd: list[str], env: dict[str, str], tail_bytes: int = 65536) -> S
         returncode = proc.wait()
         raise
     finally:
+        leftovers = end_descendants(spare=before)  # they may hold the pipe open: before the join
         reader.join(timeout=5)
-        leftovers = end_descendants(spare=before)
     return Supervised(returncode, tail.decode(errors="replace"), leftovers)
 
 
-def end_descendants(spare: set[int] = frozenset(), grace_s: float = 3.0) -> list[int]:
-    """SIGTERM, then SIGKILL, every process still below this one except `spare`; their pids."""
+def end_descendants(spare: set[int] = frozenset(), grace_s: float = 1.0) -> list[str]:
+    """Every process still below this one except `spare`: given `grace_s` to exit by itself, then
+    SIGTERM, then SIGKILL. Returns "pid (name)" of those that had to be signalled."""
     import psutil
 
     children = [c for c in psutil.Process().children(recursive=True) if c.pid not in spare]
-    for child in children:
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    names = []
+    for child in alive:
         try:
+            names.append(f"{child.pid} ({' '.join(child.cmdline()[:3])[:80]})")
             child.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
     for child in alive:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace_s)
-    return [c.pid for c in children]
+    return names
 
 
 def _become_subreaper() -> None:
