@@ -117,6 +117,25 @@ def test_rank_raising_mid_collective_raises_worker_error_and_kills_all(pool2):
         group.coordinates()
 
 
+def test_killed_rank_raises_worker_error_naming_it_and_no_actor_survives(pool2, monkeypatch):
+    monkeypatch.setenv("MEGARL_FAULT", "kill@actor.world_sum#2/1")  # forwarded into the actors' env
+    group = RayWorkerGroup(pool2, ProbeWorker, "actor")
+    procs = group.processes
+    assert group.world_sum([1, 2]) == [3, 3]  # the 1st call is not the target
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"actor\.world_sum failed on rank 1 of 2 on ") as err:
+        group.world_sum([1, 2])
+    seconds = time.monotonic() - start
+    assert seconds < 30, seconds
+    assert (err.value.role, err.value.rank, err.value.pid) == ("actor", 1, procs[1]["pid"])
+    assert err.value.host == procs[1]["host"] and procs[1]["host"] in str(err.value)
+    pids = [p["pid"] for p in procs]
+    assert f"all actors of the group were killed (pids {pids[0]}, {pids[1]} gone)" in str(err.value) or (
+        f"(pids {pids[1]}, {pids[0]} gone)" in str(err.value)
+    )
+    assert _alive(pids) == []  # the message says so only once they are gone
+
+
 def test_hanging_rank_times_out_with_worker_error(pool2):
     group = RayWorkerGroup(pool2, ProbeWorker, "reward", call_timeout_s=2)
     pids = [p["pid"] for p in group.processes]
