@@ -58,7 +58,9 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     from megarl.controller.resource_pool import ResourcePoolError
     from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
+    from megarl.models.convert.mcore_checkpoint import CheckpointError
     from megarl.rewards.custom import RewardError
+    from megarl.trainer.checkpoint import ResumeError
     from megarl.trainer.dataflow import DataflowError
     from megarl.trainer.rl_stages import DynamicSamplingError
 
@@ -82,7 +84,15 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
             from megarl.trainer.rl_trainer import RLTrainer
 
             RLTrainer(cfg).fit()
-    except (DataError, RewardError, DataflowError, ResourcePoolError, OSError) as e:
+    except (
+        DataError,
+        RewardError,
+        DataflowError,
+        ResourcePoolError,
+        ResumeError,
+        CheckpointError,
+        OSError,
+    ) as e:
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (WorkerError, DynamicSamplingError) as e:  # every worker process is already stopped
