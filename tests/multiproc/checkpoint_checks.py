@@ -129,7 +129,8 @@ def same_layout(spec: dict, dist_opt: bool) -> dict:
     losses_b = [step(b, t) for t in data[STEPS_BEFORE : STEPS_BEFORE + STEPS_AFTER]]
     after_b = snapshot(b)
     equal = {
-        k: len(after_a[k]) == len(after_b[k]) and all(torch.equal(x, y) for x, y in zip(after_a[k], after_b[k]))
+        k: len(after_a[k]) == len(after_b[k])
+        and all(torch.equal(x, y) for x, y in zip(after_a[k], after_b[k]))
         for k in ("params", "moments", "steps")
     }
     # The reference of the layout change: the checkpoint again (into a trained worker), one more step
@@ -174,7 +175,7 @@ def bad_checkpoints(spec: dict) -> dict:
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
         (root / "no_manifest" / "manifest.json").unlink()
-        (root / "bad_json" / "scheduler.json").write_text("{not json")
+        (root / "bad_json" / "megarl_checkpoint.json").write_text("{not json")
         (root / "never.partial").mkdir()
     dist.barrier()
     w = actor(spec["hf"], 2, 2, True)

@@ -83,7 +83,8 @@ def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
     ckpt_dir = Path(ckpt_dir)
     if partial_dir(ckpt_dir).exists() and not ckpt_dir.exists():
         raise CheckpointError(
-            f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists); re-run the conversion"
+            f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists: the save or conversion "
+            "was interrupted); use an earlier checkpoint or re-run the conversion"
         )
     meta_file = ckpt_dir / META_FILE
     if not meta_file.is_file():
