@@ -176,6 +176,18 @@ def _load_errors(role_dir: Path, what: str) -> Iterator[None]:
         ) from None
 
 
+def _dp_parallel_save():
+    """Megatron's fully parallel save: the data-parallel replicas split the writing of replicated
+    tensors (by default the first replica writes them all)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    return FullyParallelSaveStrategyWrapper(
+        get_default_save_sharded_strategy(), ps.get_data_parallel_group(with_context_parallel=True)
+    )
+
+
 def _rank_bytes(role_dir: Path, manifest: dict[str, Any], rank: int) -> int:
     """Bytes of the files this rank wrote: its dist-checkpoint shards and RNG files; rank 0 the rest."""
 
@@ -236,12 +248,12 @@ def save_train_state(
             (role_dir / sub).mkdir(parents=True, exist_ok=True)
     dist.barrier()
     modules = _modules(chunks)
-    save_model(modules, role_dir, full_meta, hf_dir)
+    save_model(modules, role_dir, full_meta, hf_dir, _dp_parallel_save())
     if has_optimizer:
         opt_state = train_optimizer.optimizer.sharded_state_dict(
             _sharded_state(modules), is_loading=False, metadata=OPTIMIZER_METADATA
         )
-        dist_checkpointing.save(opt_state, str(role_dir / OPTIMIZER_DIR))
+        dist_checkpointing.save(opt_state, str(role_dir / OPTIMIZER_DIR), _dp_parallel_save())
     error = None
     try:
         rng_state.write_rank_state(role_dir, rank, full_meta["layout"], extra_state)
