@@ -35,13 +35,7 @@ def capture(extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[s
     """This process's RNG states (+ `extra`: JSON values or tensors) as (JSON dict, tensors)."""
     from megatron.core import tensor_parallel
 
-    version, state, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    info: dict[str, Any] = {
-        "python": [version, list(state), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "extra": {},
-    }
+    info: dict[str, Any] = {**python_numpy_state(), "extra": {}}
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors |= {f"{_CUDA}{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
@@ -59,10 +53,7 @@ def restore(info: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str,
     """Put the captured states back; returns the extra entries (tensors and JSON values merged)."""
     from megatron.core import tensor_parallel
 
-    version, state, gauss = info["python"]
-    random.setstate((version, tuple(state), gauss))
-    kind, keys, pos, has_gauss, cached = info["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    restore_python_numpy(info)
     torch.set_rng_state(tensors["torch_cpu"])
     cuda = sorted((k for k in tensors if k.startswith(_CUDA)), key=lambda k: int(k[len(_CUDA) :]))
     if cuda and torch.cuda.is_available():
@@ -73,6 +64,23 @@ def restore(info: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str,
     extra = dict(info.get("extra", {}))
     extra |= {k[len(_EXTRA) :]: v for k, v in tensors.items() if k.startswith(_EXTRA)}
     return extra
+
+
+def python_numpy_state() -> dict[str, Any]:
+    """Python's `random` and numpy's legacy global generator, as JSON values."""
+    version, state, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(state), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+
+
+def restore_python_numpy(info: dict[str, Any]) -> None:
+    version, state, gauss = info["python"]
+    random.setstate((version, tuple(state), gauss))
+    kind, keys, pos, has_gauss, cached = info["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 def write_rank_state(

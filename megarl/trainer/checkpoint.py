@@ -121,32 +121,48 @@ def check_resumable(step_dir: Path, roles: list[str]) -> None:
         )
 
 
-def capture_rng() -> dict[str, Any]:
-    """The driver's Python, NumPy and torch (CPU) RNG states, as JSON."""
-    import random
+def precheck_roles(step_dir: Path, cfg: Any, total_steps: int) -> None:
+    """Before any worker starts: each trained role's checkpoint is complete (every file of its manifest
+    present at its size) and of the model the config builds for that role (architecture, vocabulary).
+    The workers then verify the checksums, split over their ranks, when they load."""
+    from megarl.config.roles import role_spec
+    from megarl.models.convert import manifest as mf
+    from megarl.models.convert.mcore_checkpoint import CheckpointError, read_meta
+    from megarl.models.from_hf import ModelArchitecture
+    from megarl.models.train_checkpoint import check_fingerprint
 
-    import numpy as np
+    for role in TRAINED_ROLES:
+        if not getattr(cfg, role).enable and role != "actor":
+            continue
+        role_dir = step_dir / role
+        meta = read_meta(role_dir)
+        problems = mf.check_files(role_dir, mf.read_manifest(role_dir), checksums=False)
+        if problems:
+            raise CheckpointError(
+                f"{role_dir} is incomplete or damaged:\n  "
+                + "\n  ".join(problems)
+                + "\nresume from an earlier checkpoint (trainer.resume=<run>/checkpoints/step_<N>)"
+            )
+        model_path = role_spec(cfg, role, total_steps).model.path
+        arch = ModelArchitecture.from_pretrained(model_path)
+        check_fingerprint(meta, arch.with_scalar_head() if role == "critic" else arch, role_dir, model_path)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The driver's Python, NumPy and torch (CPU) RNG states, as JSON (the workers save their own)."""
     import torch
 
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state().tolist(),
-    }
+    from megarl.models.rng_state import python_numpy_state
+
+    return {**python_numpy_state(), "torch": torch.get_rng_state().tolist()}
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
     import torch
 
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    from megarl.models.rng_state import restore_python_numpy
+
+    restore_python_numpy(state)
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 

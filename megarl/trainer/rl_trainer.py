@@ -34,6 +34,7 @@ from megarl.trainer.checkpoint import (
     RunCheckpoints,
     capture_rng,
     check_resumable,
+    precheck_roles,
     read_trainer_state,
     resolve_resume,
     restore_rng,
@@ -78,6 +79,7 @@ class RLTrainer:
         resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
         if resumed is not None:
             check_resumable(self.resume_from, enabled_roles(cfg))
+            precheck_roles(self.resume_from, cfg, self.total_steps)
             self.loader.load_state_dict(resumed["data"])  # a different data set or data.seed fails here
         self.start_step = resumed["step"] if resumed is not None else 0
         self.best_val_reward: float | None = None
@@ -213,13 +215,16 @@ class RLTrainer:
         records = []
         for i in range(len(rollout)):
             ids = rollout[Col.RESPONSES][i][rollout[Col.RESPONSE_MASK][i] > 0].tolist()
+            prompt = rollout[Col.PROMPTS][i]
+            prompt_ids = prompt[rollout[Col.ATTENTION_MASK][i][: prompt.numel()] > 0].tolist()
             records.append(
                 {
                     "step": step,
-                    "input": self.tokenizer.decode(rollout[Col.PROMPTS][i], skip_special_tokens=True),
+                    "input": self.tokenizer.decode(prompt_ids, skip_special_tokens=True),
                     "output": self.tokenizer.decode(ids, skip_special_tokens=True),
                     "score": float(rollout[Col.SCORES][i]),
                     "data_source": sources[i],
+                    "input_ids": prompt_ids,
                     "output_ids": ids,
                 }
             )
