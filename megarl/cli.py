@@ -156,6 +156,14 @@ def cmd_bench_reshard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
+    from megarl.bench import checkpoint
+
+    result = checkpoint.run(args)
+    print(json.dumps(result, indent=2) if args.json else checkpoint.summarize(result))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from megarl.train import run
 
@@ -269,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     reshard_arguments(bench_reshard)
     bench_reshard.set_defaults(func=cmd_bench_reshard)
+    bench_checkpoint = bench.add_parser(
+        "checkpoint", help="a trained role's checkpoint: save/load time, size"
+    )
+    from megarl.bench.checkpoint import add_arguments as checkpoint_arguments
+
+    checkpoint_arguments(bench_checkpoint)
+    bench_checkpoint.set_defaults(func=cmd_bench_checkpoint)
 
     for name, what in (("train", "RL training"), ("sft", "supervised fine-tuning")):
         job = sub.add_parser(name, help=f"{what} from a YAML config")

@@ -82,8 +82,10 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     from megarl.controller.resource_pool import ResourcePoolError
     from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
+    from megarl.models.convert.mcore_checkpoint import CheckpointError
     from megarl.rewards.custom import RewardError
     from megarl.trainer.bad_steps import BadStepsError
+    from megarl.trainer.checkpoint import ResumeError
     from megarl.trainer.dataflow import DataflowError
     from megarl.trainer.rl_stages import DynamicSamplingError
 
@@ -110,7 +112,15 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
             from megarl.trainer.rl_trainer import RLTrainer
 
             RLTrainer(cfg).fit()
-    except (DataError, RewardError, DataflowError, ResourcePoolError, OSError) as e:
+    except (
+        DataError,
+        RewardError,
+        DataflowError,
+        ResourcePoolError,
+        ResumeError,
+        CheckpointError,
+        OSError,
+    ) as e:
         RANK_STATUS.finish(e)
         print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -376,11 +376,26 @@ class TrainerConfig:
     n_devices_per_node: int = 1  # GPUs per machine (processes per machine on CPU)
     total_epochs: int = 1  # passes over the training data
     total_steps: int | None = None  # training steps; None = total_epochs × steps per epoch
-    save_every: int = 0  # save a checkpoint every N steps; 0 = only at the end
+    # save <output_dir>/checkpoints/step_<N>/ every N steps and after the last; 0 = only after the last;
+    # -1 = never (verl's save_freq). A checkpoint holds every trained role (weights, optimizer, LR
+    # schedule, RNG), the data position, the trainer's state and the resolved config
+    save_every: int = 0
+    # keep the newest K complete checkpoints (older ones are deleted after a save); None = keep all
+    # (verl's max_actor_ckpt_to_keep)
+    max_checkpoints: int | None = None
+    save_hf: bool = False  # also write the final actor as a Hugging Face model to <output_dir>/hf
     eval_every: int = 0  # evaluate on data.val_files every N steps (and after the last); 0 = never
     val_before_train: bool = True  # evaluate on data.val_files before the first step (logged as step 0)
+    # write every validation response (input, output, score) to <dir>/step_<N>.jsonl; None = don't
+    # (verl's trainer.validation_data_dir)
+    validation_data_dir: str | None = None
     output_dir: str = "outputs/run"  # checkpoints, logs and reports go here
-    resume: str = "auto"  # "auto" (latest checkpoint in output_dir if any) | "disable" | checkpoint dir
+    # "auto": continue from <output_dir>/checkpoints/latest when there is one (else start afresh);
+    # "disable": always start afresh; or a checkpoint: a step directory, a run's checkpoints/ or the
+    # run directory. A resumed run continues exactly where the checkpoint was saved (bit-exact on the
+    # same layout); the actor/critic layouts may differ from the saved ones (weights and optimizer
+    # state are resharded; RNG states then restart from the seed)
+    resume: str = "auto"
     seed: int = 42  # global seed (weights of new heads, sampling, dropout)
     launcher: Launcher = "ray"  # "ray" (worker groups, multi-node) | "torchrun" (SPMD, also SLURM srun)
     # steps (1-based) to profile: a torch.profiler chrome trace per rank of profile_ranks and every rank's

@@ -406,7 +406,11 @@ def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) ->
     at_least(problems, "trainer.total_epochs", t.total_epochs, 1, "e.g. 1")
     if t.total_steps is not None:
         at_least(problems, "trainer.total_steps", t.total_steps, 1, "or null to run total_epochs")
-    at_least(problems, "trainer.save_every", t.save_every, 0, "use 0 to save only at the end")
+    at_least(
+        problems, "trainer.save_every", t.save_every, -1, "use 0 to save only at the end, -1 to never save"
+    )
+    if t.max_checkpoints is not None:
+        at_least(problems, "trainer.max_checkpoints", t.max_checkpoints, 1, "or null to keep all")
     if at_least(problems, "trainer.eval_every", t.eval_every, 0, "use 0 to never evaluate"):
         if t.eval_every > 0 and not cfg.data.val_files:
             problems.append(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from megarl.distributed.backend import collective_timeout
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.param_kind import ParamKind
 from megarl.distributed.platform import platform
@@ -90,7 +91,7 @@ class Resharder:
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.gather_group = None
         for ranks in plan.gather_groups:  # every rank creates every group, in the same order
-            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            group = dist.new_group(ranks, timeout=collective_timeout()) if len(ranks) > 1 else None
             if self.rank in ranks:
                 self.gather_group = group
 

@@ -54,12 +54,21 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float | int]:
 
 class JsonlSink:
     """`metrics.jsonl`: one JSON object per step, appended and flushed at once so a run that dies keeps
-    every finished step. A new run starts the file afresh."""
+    every finished step. A new run starts the file afresh; a run resumed from step N keeps the records
+    of steps 0..N and drops later ones (they belong to the run that died after its checkpoint)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        kept = []
+        if resume_step is not None and self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                step = _step_of(line)
+                if step is not None and step <= resume_step:
+                    kept.append(line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
@@ -70,14 +79,25 @@ class JsonlSink:
         pass
 
 
-class TensorBoardSink:
-    """Scalars under `<output_dir>/tensorboard/`, each named as in metrics.jsonl, at global_step = step."""
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:  # the cut-off last line of a run that died
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
 
-    def __init__(self, log_dir: str | Path) -> None:
+
+class TensorBoardSink:
+    """Scalars under `<output_dir>/tensorboard/`, each named as in metrics.jsonl, at global_step = step.
+    A run resumed from step N purges the earlier run's events after step N."""
+
+    def __init__(self, log_dir: str | Path, resume_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
-        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         wall_time = time.time()
@@ -143,14 +163,15 @@ class WandbSink:
         return cls(run)
 
 
-def open_sinks(cfg: Any, say: Callable[[str], None]) -> list[MetricsSink]:
+def open_sinks(cfg: Any, say: Callable[[str], None], resume_step: int | None = None) -> list[MetricsSink]:
     """The TensorBoard and wandb sinks `cfg.logging.backends` (of a MegarlConfig) asks for, under
-    `cfg.trainer.output_dir` ("console" and "jsonl" need none: metrics.jsonl is always written)."""
+    `cfg.trainer.output_dir` ("console" and "jsonl" need none: metrics.jsonl is always written). A
+    resumed run's wandb run is a new run (offline runs cannot be resumed)."""
     out_dir = Path(cfg.trainer.output_dir)
     lg = cfg.logging
     sinks: list[MetricsSink] = []
     if "tensorboard" in lg.backends:
-        sinks.append(TensorBoardSink(out_dir / "tensorboard"))
+        sinks.append(TensorBoardSink(out_dir / "tensorboard", resume_step))
     if "wandb" in lg.backends:
         config = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
         wandb_sink = WandbSink.open(out_dir, lg.project, lg.run_name or auto_run_name(cfg), config, say)

@@ -69,24 +69,34 @@ class ProgressLog:
         every: int = 1,
         writer: bool = True,
         sinks: list[MetricsSink] | None = None,
+        resume_step: int | None = None,
     ) -> None:
         self.total_steps = total_steps
         self.every = every
         self.writer = writer
         self.console = writer and "console" in backends
         self.stream = stream
-        # metrics.jsonl is always written (by the one writing process); a new run starts it afresh
+        # metrics.jsonl is always written (by the one writing process); a new run starts it afresh, a
+        # resumed one keeps the steps up to its checkpoint
         self.path = Path(output_dir) / "metrics.jsonl" if writer else None
-        self.sinks: list[MetricsSink] = [JsonlSink(self.path), *(sinks or [])] if writer else []
+        self.sinks: list[MetricsSink] = [JsonlSink(self.path, resume_step), *(sinks or [])] if writer else []
         self._step_seconds: list[float] = []
         self._live = (
             LiveView(self._stream(), total_steps) if self.console and _is_terminal(self._stream()) else None
         )
 
     @classmethod
-    def for_run(cls, cfg: Any, total_steps: int, writer: bool, stream: TextIO | None = None) -> ProgressLog:
+    def for_run(
+        cls,
+        cfg: Any,
+        total_steps: int,
+        writer: bool,
+        stream: TextIO | None = None,
+        resume_step: int | None = None,
+    ) -> ProgressLog:
         """The log of a run of `cfg` (a MegarlConfig): trainer.output_dir, logging.* (backends,
-        project, run_name, log_every). Only the writer opens the TensorBoard / wandb sinks."""
+        project, run_name, log_every). Only the writer opens the TensorBoard / wandb sinks. A run
+        resumed from `resume_step` keeps the metrics of the steps up to it."""
         log = cls(
             cfg.trainer.output_dir,
             total_steps,
@@ -94,9 +104,10 @@ class ProgressLog:
             stream=stream,
             every=cfg.logging.log_every,
             writer=writer,
+            resume_step=resume_step,
         )
         if writer:
-            log.sinks += open_sinks(cfg, say=log.warn)
+            log.sinks += open_sinks(cfg, say=log.warn, resume_step=resume_step)
         return log
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

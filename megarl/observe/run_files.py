@@ -143,6 +143,13 @@ def read_run(run_dir: str | Path) -> Run:
     )
 
 
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    """The step records of a metrics.jsonl ([] when it does not exist), by step; a cut-off or corrupt
+    line is skipped."""
+    path = Path(path)
+    return _read_history(path)[0] if path.is_file() else []
+
+
 def _read_history(path: Path) -> tuple[list[dict[str, float]], bool, list[int]]:
     text = path.read_text(errors="replace")
     lines = text.split("\n")

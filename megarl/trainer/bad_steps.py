@@ -19,7 +19,7 @@ class BadStepCounter:
         self.in_a_row: list[int] = []  # the current run of bad steps
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        """Count `step` (its metrics gain `trainer/bad_steps`); raise after max_in_a_row bad steps."""
+        """Count `step` (its metrics gain `trainer/bad_steps`)."""
         bad = any(v > 0 for k, v in metrics.items() if k.endswith("/bad_updates"))
         if bad:
             self.total += 1
@@ -27,6 +27,9 @@ class BadStepCounter:
         else:
             self.in_a_row.clear()
         metrics["trainer/bad_steps"] = float(self.total)
+
+    def check(self) -> None:
+        """BadStepsError once the last max_in_a_row steps were all bad (call after logging the step)."""
         if len(self.in_a_row) >= self.max_in_a_row:
             steps = ", ".join(map(str, self.in_a_row))
             raise BadStepsError(
@@ -36,3 +39,9 @@ class BadStepCounter:
                 "trainer.max_bad_steps. The weights were never updated with a non-finite gradient: the last "
                 "checkpoint is unaffected"
             )
+
+    def state_dict(self) -> dict:
+        return {"total": self.total, "in_a_row": list(self.in_a_row)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total, self.in_a_row = state["total"], list(state["in_a_row"])

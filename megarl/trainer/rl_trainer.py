@@ -30,9 +30,18 @@ from megarl.controller.worker import WorkerError
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
-from megarl.observe.run_files import write_run_files
-from megarl.protocol import Batch
+from megarl.observe.run_files import read_metrics, write_run_files
+from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
+from megarl.trainer.checkpoint import (
+    RunCheckpoints,
+    capture_rng,
+    check_resumable,
+    precheck_roles,
+    read_trainer_state,
+    resolve_resume,
+    restore_rng,
+)
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
@@ -69,10 +78,25 @@ class RLTrainer:
         self._next_uid = 0
         self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
         self.output_dir = Path(cfg.trainer.output_dir)
+        # trainer.resume: the checkpoint to continue from, checked before any worker starts
+        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
+        resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
+        if resumed is not None:
+            check_resumable(self.resume_from, enabled_roles(cfg))
+            precheck_roles(self.resume_from, cfg, self.total_steps)
+            self.loader.load_state_dict(resumed["data"])  # a different data set or data.seed fails here
+        self.start_step = resumed["step"] if resumed is not None else 0
+        self.best_val_reward: float | None = None
         self.roles, self.log = roles, None
         self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
         try:  # stop the worker processes and close the logging backends if anything below fails
-            self.log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, stream)
+            self.log = ProgressLog.for_run(
+                cfg,
+                self.total_steps,
+                self.is_writer,
+                stream,
+                resume_step=self.start_step if resumed else None,
+            )
             if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
                 write_run_files(cfg, self.output_dir)
             if self.roles is None:
@@ -81,6 +105,16 @@ class RLTrainer:
             self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
             groups = {"actor": self.roles.actor, "critic": self.roles.critic}
             self.profiler = StepProfiler.for_run(cfg, groups, self.is_writer)
+            self.checkpoints = RunCheckpoints(
+                self.output_dir,
+                groups,
+                self.is_writer,
+                cfg.trainer.max_checkpoints,
+                spmd=cfg.trainer.launcher == "torchrun",
+            )
+            if resumed is not None:
+                with self.log.task(f"resuming from {self.resume_from}"):
+                    self._resume(resumed)
         except BaseException:
             self.close()
             raise
@@ -93,20 +127,23 @@ class RLTrainer:
 
     def fit(self) -> list[dict[str, float]]:
         """Run `total_steps` steps (validating every trainer.eval_every); returns each step's metrics."""
-        history = []
+        # a resumed run's history starts with the steps its checkpoint had done (from metrics.jsonl)
+        history = self._earlier_history()
         try:
             self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
-            if self.val_data is not None and self.cfg.trainer.val_before_train:
+            fresh = self.start_step == 0
+            if fresh and self.val_data is not None and self.cfg.trainer.val_before_train:
                 metrics = self.validate(step=0)
                 self.log.log(0, metrics)
                 history.append({"step": 0, **metrics})
-            for step in range(1, self.total_steps + 1):
-                metrics = self.train_step(step)
-                every = self.cfg.trainer.eval_every
-                if self.val_data is not None and every and (step % every == 0 or step == self.total_steps):
-                    metrics.update(self.validate(step))
+            for step in range(self.start_step + 1, self.total_steps + 1):
+                metrics = self._run_step(step)
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
+                self.bad_steps.check()  # BadStepsError after trainer.max_bad_steps bad steps in a row
+            if self.cfg.trainer.save_hf:
+                with self.log.task(f"writing the actor as a Hugging Face model to {self.output_dir / 'hf'}"):
+                    self.roles.actor.export_hf(str(self.output_dir / "hf"))
             self._write_summary(history)
             return history
         finally:
@@ -114,25 +151,38 @@ class RLTrainer:
             if self.is_writer and self.cfg.logging.report:  # also after a crash; never raises
                 try_write_report(self.output_dir, self.log.message)
 
+    def _run_step(self, step: int) -> dict[str, float]:
+        """Train, validate when due, save when due; a failed worker call names the step and stage."""
+        stage = None
+        try:
+            metrics = self.train_step(step)
+            every = self.cfg.trainer.eval_every
+            if self.val_data is not None and every and (step % every == 0 or step == self.total_steps):
+                stage = "validate"
+                metrics.update(self.validate(step))
+            if self._save_due(step):
+                stage = "save_checkpoint"
+                metrics.update(self.save_checkpoint(step))
+            return metrics
+        except WorkerError as e:  # the group's processes are already stopped
+            raise WorkerError(
+                f"step {step}, stage {stage or self.flow.current}: {e}\n{RESUME_ADVICE}",
+                e.role,
+                e.rank,
+                e.host,
+                e.pid,
+            ) from None
+
     def train_step(self, step: int) -> dict[str, float]:
         with self.profiler.step(step):  # trainer.profile_steps: traces and per-rank call times
             start = time.perf_counter()
             prompts = self.next_prompts()
             ctx = StepContext(step=step)
             RANK_STATUS.set_step(step)
-            try:
-                batch = self.flow.run(prompts, ctx)
-            except WorkerError as e:  # the group's processes are already stopped
-                raise WorkerError(
-                    f"step {step}, stage {self.flow.current}: {e}\n{RESUME_ADVICE}",
-                    e.role,
-                    e.rank,
-                    e.host,
-                    e.pid,
-                ) from None
+            batch = self.flow.run(prompts, ctx)
             seconds = time.perf_counter() - start
         metrics = {**ctx.metrics, **batch_statistics(batch)}
-        self.bad_steps.update(step, metrics)  # BadStepsError after trainer.max_bad_steps in a row
+        self.bad_steps.update(step, metrics)
         tokens = float(batch["attention_mask"].sum())
         metrics.update(
             {
@@ -157,21 +207,92 @@ class RLTrainer:
         start = time.perf_counter()
         # the flow's own generate and scoring stages (a user's replacement reward included)
         stages = [self.flow[name] for name in ("generate", "reward_model", "reward") if name in self.flow]
-        scores, sources = [], []
+        scores, sources, samples = [], [], []
         for prompts in self.val_data.batches(self.cfg.data.val_batch_size or len(self.val_data)):
             ctx = StepContext(step=step, validate=True)
             rollout = prompts
             for stage in stages:
                 rollout = stage.run(ctx, rollout)
             scores.append(rollout["scores"].float())
-            sources += list(rollout["data_source"]) if "data_source" in rollout else ["val"] * len(rollout)
+            batch_sources = (
+                list(rollout["data_source"]) if "data_source" in rollout else ["val"] * len(rollout)
+            )
+            sources += batch_sources
+            if self.cfg.trainer.validation_data_dir and self.is_writer:
+                samples += self._samples(step, rollout, batch_sources)
+        if samples:
+            write_samples(Path(self.cfg.trainer.validation_data_dir) / f"step_{step}.jsonl", samples)
         scores_t = torch.cat(scores)
         metrics = {"val/reward/mean": scores_t.mean().item()}
         for source in sorted(set(sources)):
             picked = torch.tensor([s == source for s in sources])
             metrics[f"val/{source}/reward/mean"] = scores_t[picked].mean().item()
         metrics["timing/validate"] = time.perf_counter() - start
+        best = self.best_val_reward
+        self.best_val_reward = (
+            metrics["val/reward/mean"] if best is None else max(best, metrics["val/reward/mean"])
+        )
         return metrics
+
+    def _samples(self, step: int, rollout: Batch, sources: list[str]) -> list[dict[str, Any]]:
+        """verl's validation dump records (input, output, score, step), plus the response token ids."""
+        records = []
+        for i in range(len(rollout)):
+            ids = rollout[Col.RESPONSES][i][rollout[Col.RESPONSE_MASK][i] > 0].tolist()
+            prompt = rollout[Col.PROMPTS][i]
+            prompt_ids = prompt[rollout[Col.ATTENTION_MASK][i][: prompt.numel()] > 0].tolist()
+            records.append(
+                {
+                    "step": step,
+                    "input": self.tokenizer.decode(prompt_ids, skip_special_tokens=True),
+                    "output": self.tokenizer.decode(ids, skip_special_tokens=True),
+                    "score": float(rollout[Col.SCORES][i]),
+                    "data_source": sources[i],
+                    "input_ids": prompt_ids,
+                    "output_ids": ids,
+                }
+            )
+        return records
+
+    # ---- checkpoints ---------------------------------------------------------------------------------
+
+    def _save_due(self, step: int) -> bool:
+        every = self.cfg.trainer.save_every
+        return every >= 0 and (step == self.total_steps or (every > 0 and step % every == 0))
+
+    def save_checkpoint(self, step: int) -> dict[str, float]:
+        """Save every trained role and the trainer's state as checkpoints/step_<step>; returns its metrics."""
+        from megarl.config import config_to_yaml
+
+        with self.log.task(f"saving checkpoint step_{step}"):
+            report = self.checkpoints.save(step, self.trainer_state(), config_to_yaml(self.cfg))
+        return {"timing/save_checkpoint": report.seconds, "checkpoint/bytes": float(report.bytes)}
+
+    def trainer_state(self) -> dict[str, Any]:
+        """What the driver must restore for the next step to be the one an uninterrupted run takes."""
+        return {
+            "data": self.loader.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "next_uid": self._next_uid,
+            "best_val_reward": self.best_val_reward,
+            "bad_steps": self.bad_steps.state_dict(),
+            "driver_rng": capture_rng(),
+        }
+
+    def _resume(self, state: dict[str, Any]) -> None:
+        for role, group in self.checkpoints.groups.items():
+            group.load_checkpoint(str(self.resume_from / role))
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self._next_uid = state["next_uid"]
+        self.best_val_reward = state["best_val_reward"]
+        self.bad_steps.load_state_dict(state["bad_steps"])
+        restore_rng(state["driver_rng"])
+        self.log.message(f"megarl: resumed from {self.resume_from} (step {self.start_step} done)")
+
+    def _earlier_history(self) -> list[dict[str, float]]:
+        if self.start_step == 0 or self.log.path is None:
+            return []
+        return [r for r in read_metrics(self.log.path) if r["step"] <= self.start_step]
 
     def close(self) -> None:
         """Stop every worker process and flush and close the logging backends; idempotent."""
@@ -208,6 +329,11 @@ class RLTrainer:
         }
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def write_samples(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def batch_statistics(batch: Batch) -> dict[str, float]:

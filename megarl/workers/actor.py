@@ -39,6 +39,7 @@ class ActorWorker(MegatronWorker):
         super().__init__(spec)
         self.hybrid = None  # the rollout engine, started by the first generate()
         self._generator: torch.Generator | None = None  # clip_cov's token pick
+        self._sampling_step = 0  # the rollout's sampling counter from a checkpoint, for a later engine
 
     @register(Dispatch.DP_COMPUTE)
     def log_prob(self, batch: Batch) -> Batch:
@@ -64,6 +65,7 @@ class ActorWorker(MegatronWorker):
                 offload=lambda: self.offload(params=False),
                 reload=self.reload,
             )
+            self.hybrid.rollout.sampling_step = self._sampling_step
         return self.hybrid.generate(prompts, validate)
 
     def shutdown(self) -> None:
@@ -129,6 +131,23 @@ class ActorWorker(MegatronWorker):
         if self._generator is None:
             self._generator = torch.Generator().manual_seed(self.spec.rollout.seed * 7919 + self.env.rank)
         return self._generator
+
+    def _extra_state(self) -> dict:
+        """The rollout's sampling counter (per-request seeds derive from it) and clip_cov's generator."""
+        step = self.hybrid.rollout.sampling_step if self.hybrid is not None else self._sampling_step
+        state: dict = {"sampling_step": step}
+        if self._generator is not None:
+            state["clip_cov_generator"] = self._generator.get_state()
+        return state
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._sampling_step = int(state.get("sampling_step", 0))
+        if self.hybrid is not None:
+            self.hybrid.rollout.sampling_step = self._sampling_step
+        generator = state.get("clip_cov_generator")
+        if generator is not None:
+            self._generator = torch.Generator()
+            self._generator.set_state(generator)
 
     @register(Dispatch.DP_COMPUTE)
     def sft_update(self, batch: Batch) -> dict[str, float]:

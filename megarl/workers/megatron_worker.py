@@ -132,6 +132,66 @@ class MegatronWorker(Worker):
                 f"the {self.role} role's {', '.join(offloaded)} are offloaded; call reload() first"
             )
 
+    # ---- checkpoint ----------------------------------------------------------------------------------
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, role_dir: str, meta: dict | None = None) -> dict:
+        """Write this role's full training state (weights, optimizer, LR schedule, RNG, `_extra_state`)
+        into `role_dir` (megarl.models.train_checkpoint); `meta` adds entries to its
+        megarl_checkpoint.json. Collective; returns this rank's {rank, seconds, bytes_written}."""
+        from megarl.models.train_checkpoint import save_train_state
+
+        if self.optimizer is None:
+            raise ValueError(
+                f"the {self.role} role is frozen: it has no training state to checkpoint (its weights are "
+                "model.path's)"
+            )
+        self.check_loaded()
+        model = self.spec.model
+        base = {
+            "dtype": model.dtype,
+            "padded_vocab_size": getattr(self.chunks[0].module, "vocab_size", None),
+            "source": str(model.path),
+            "role": self.role,
+        }
+        return save_train_state(
+            self.chunks,
+            self.optimizer,
+            role_dir,
+            {**base, **(meta or {})},
+            model.path,
+            self._extra_state(),
+            arch=self.arch,
+        )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, role_dir: str, optimizer: bool = True) -> dict:
+        """Resume from `role_dir` (written by `save_checkpoint`, at any layout): weights, and unless
+        `optimizer=False` the optimizer state and LR schedule; the RNG only at the saved layout. Raises
+        CheckpointError before changing anything when the checkpoint is incomplete, corrupt or of
+        another model. Returns a report: what was loaded, rng "restored" or "reseeded (layout changed)",
+        seconds."""
+        from megarl.models.train_checkpoint import load_train_state
+
+        self.check_loaded()
+        report = load_train_state(
+            self.chunks,
+            self.optimizer,
+            role_dir,
+            load_optimizer=optimizer,
+            arch=self.arch,
+            model_path=str(self.spec.model.path),
+        )
+        self._load_extra_state(report.pop("extra_state"))
+        return {"rank": self.env.rank, **report}
+
+    def _extra_state(self) -> dict:
+        """Role-specific counters a checkpoint carries (JSON values or tensors); none by default."""
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        """Take back what `_extra_state` saved (tensors are missing when the layout changed)."""
+
     # ---- profiling -----------------------------------------------------------------------------------
 
     @register(Dispatch.ONE_TO_ALL)

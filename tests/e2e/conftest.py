@@ -33,6 +33,7 @@ class RLSetup:
             f"trainer.output_dir={out}",
             "logging.backends=[console,jsonl]",
             "logging.report=false",  # the GRPO run's report is checked; the others would only cost time
+            "trainer.save_every=-1",  # the runs that check checkpoints turn saving back on
             *extra,
         ]
 
@@ -60,3 +61,43 @@ def rl_setup(tmp_path_factory, ray_cluster) -> RLSetup:
     )
     sft_model = SFTTrainer(cfg).fit()
     return RLSetup(base_model=base, sft_model=sft_model, data=root / "data", root=root)
+
+
+# the GRPO run also logs to TensorBoard and wandb (offline), profiles step 2 on both ranks, saves at
+# step 6 and 12, exports the final actor to HF and dumps its validation responses
+OBSERVED = (
+    "logging.backends=[console,tensorboard,wandb]",
+    "trainer.profile_steps=[2]",
+    "trainer.profile_ranks=[0,1]",
+    "logging.report=true",
+    "trainer.save_every=6",
+    "trainer.save_hf=true",
+)
+
+
+@dataclass(frozen=True)
+class GRPORun:
+    cfg: object
+    history: list
+    responses: list
+    out: Path
+
+
+@pytest.fixture(scope="session")
+def grpo_run(rl_setup, tmp_path_factory) -> GRPORun:
+    """12 GRPO steps of 32 prompts × 8 samples under Ray, validated before and after."""
+    from tests.helpers.rl_runs import GRPO, run
+
+    out = tmp_path_factory.mktemp("grpo")
+    cfg = rl_setup.grpo_config(
+        out,
+        *GRPO,
+        "trainer.total_steps=12",
+        "trainer.eval_every=12",
+        f"trainer.validation_data_dir={out / 'validation'}",
+        *OBSERVED,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        history, responses = run(cfg)
+    return GRPORun(cfg, history, responses, out)

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from megarl.trainer.dataflow import Stage
-from megarl.trainer.rl_trainer import RLTrainer
+from tests.helpers.rl_runs import GRPO, LOGPROB_TOLERANCE, assert_same_metrics, run, steps
 from tests.helpers.run_files import (
     assert_same_as_jsonl,
     image_stats,
@@ -24,50 +20,9 @@ from tests.helpers.run_files import (
 
 pytestmark = pytest.mark.e2e
 
-LOGPROB_TOLERANCE = 2e-5  # engine vs recomputed log-probs after every weight sync, fp32 (DESIGN §6)
-# 32 prompts × 8 samples a step: the step-to-step spread of the mean reward is ≈ 0.03
-GRPO = ("data.train_batch_size=32", "algorithm.ppo_mini_batch_size=32")
-
-
-def run(cfg) -> tuple[list[dict], list[torch.Tensor]]:
-    """fit() with a stage inserted after generate that keeps each step's responses (the Python API's
-    graph editing, used the way a user would)."""
-    trainer = RLTrainer(cfg)
-    responses: list[torch.Tensor] = []
-
-    def keep(ctx, batch):
-        if not ctx.validate:
-            responses.append(batch["responses"].clone())
-
-    trainer.flow.insert_after("generate", Stage("keep_responses", keep, reads=("responses",)))
-    return trainer.fit(), responses
-
-
-def steps(history: list[dict]) -> list[dict]:
-    return [h for h in history if h["step"] > 0]
-
-
-# the GRPO run also logs to TensorBoard and wandb (offline) and profiles step 2 on both ranks
-OBSERVED = (
-    "logging.backends=[console,tensorboard,wandb]",
-    "trainer.profile_steps=[2]",
-    "trainer.profile_ranks=[0,1]",
-    "logging.report=true",
-)
-
-
-@pytest.fixture(scope="module")
-def grpo_run(rl_setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("grpo")
-    cfg = rl_setup.grpo_config(out, *GRPO, "trainer.total_steps=12", "trainer.eval_every=12", *OBSERVED)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WANDB_MODE", "offline")
-        history, responses = run(cfg)
-    return cfg, history, responses, out
-
 
 def test_grpo_reward_rises_and_engine_log_probs_match_megatron_every_step(grpo_run):
-    _, history, _, out = grpo_run
+    history, out = grpo_run.history, grpo_run.out
     train = steps(history)
     assert len(train) == 12
     first = sum(h["reward/mean"] for h in train[:4]) / 4
@@ -99,7 +54,7 @@ def test_grpo_reward_rises_and_engine_log_probs_match_megatron_every_step(grpo_r
 
 
 def test_tensorboard_and_wandb_hold_exactly_what_metrics_jsonl_holds(grpo_run):
-    *_, out = grpo_run
+    out = grpo_run.out
     jsonl = jsonl_history(out)
     assert sorted(jsonl) == list(range(13))
     assert_same_as_jsonl(tensorboard_history(out / "tensorboard"), jsonl, rel=1e-6)  # float32 events
@@ -107,7 +62,7 @@ def test_tensorboard_and_wandb_hold_exactly_what_metrics_jsonl_holds(grpo_run):
 
 
 def test_the_run_report_has_a_real_plot_per_logged_curve(grpo_run):
-    *_, out = grpo_run
+    out = grpo_run.out
     pngs = sorted(p.stem for p in (out / "report").glob("*.png"))
     expected = ["clip_frac", "entropy", "grad_norm", "kl", "logprob_diff", "lr", "response_length"]
     assert pngs == sorted([*expected, "reward", "throughput", "timing"])  # GRPO: no value loss
@@ -119,7 +74,7 @@ def test_the_run_report_has_a_real_plot_per_logged_curve(grpo_run):
 
 
 def test_a_profiled_step_has_a_trace_and_call_times_for_every_rank(grpo_run):
-    *_, out = grpo_run
+    out = grpo_run.out
     step = out / "profile" / "step_2"
     for rank in (0, 1):
         trace = json.loads((step / f"rank_{rank}.json").read_text())
@@ -132,28 +87,8 @@ def test_a_profiled_step_has_a_trace_and_call_times_for_every_rank(grpo_run):
     assert not (out / "profile" / "step_1").exists()
 
 
-def test_torchrun_launcher_gives_the_ray_runs_step_one(grpo_run, rl_setup, tmp_path):
-    cfg, history, _, _ = grpo_run
-    out = tmp_path / "spmd"
-    overrides = rl_setup.grpo_overrides(out, *GRPO, "trainer.total_steps=1", "trainer.launcher=torchrun")
-    cmd = [sys.executable, "-m", "megarl.cli", "train", str(Path(cfg_path())), *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    spmd = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    ray_step1, spmd_step1 = steps(history)[0], spmd[1]
-    compared = [k for k in ray_step1 if not k.startswith(("timing/", "throughput/", "step_seconds"))]
-    assert len(compared) > 20
-    for key in compared:
-        assert spmd_step1[key] == pytest.approx(ray_step1[key], rel=1e-6, abs=1e-9), key
-    assert spmd[0]["val/reward/mean"] == history[0]["val/reward/mean"]
-
-
-def cfg_path() -> Path:
-    return Path(__file__).resolve().parents[2] / "configs" / "quickstart_grpo.yaml"
-
-
 def test_actor_tp2_generates_the_same_tokens_and_step_one_loss_as_tp1(grpo_run, rl_setup, tmp_path):
-    _, history, responses, _ = grpo_run
+    history, responses = grpo_run.history, grpo_run.responses
     cfg = rl_setup.grpo_config(
         tmp_path,
         *GRPO,
@@ -170,19 +105,24 @@ def test_actor_tp2_generates_the_same_tokens_and_step_one_loss_as_tp1(grpo_run, 
     assert tp2["reward/mean"] == tp1["reward/mean"]
 
 
-def test_ppo_with_a_critic_runs_and_its_value_loss_falls(rl_setup, tmp_path):
-    cfg = rl_setup.grpo_config(
-        tmp_path,
-        "algorithm.name=ppo",
-        "algorithm.adv_estimator=gae",
-        "algorithm.use_kl_loss=false",
-        "algorithm.use_kl_in_reward=true",
-        "critic.micro_batch_size=32",
-        "critic.optimizer.lr=1e-3",
-        "trainer.total_steps=5",
-        "trainer.eval_every=0",
-        "trainer.val_before_train=false",
-    )
+PPO = (
+    "algorithm.name=ppo",
+    "algorithm.adv_estimator=gae",
+    "algorithm.use_kl_loss=false",
+    "algorithm.use_kl_in_reward=true",
+    "algorithm.kl_ctrl=adaptive",
+    "critic.micro_batch_size=32",
+    "critic.optimizer.lr=1e-3",
+    "trainer.total_steps=5",
+    "trainer.eval_every=0",
+    "trainer.val_before_train=false",
+)
+
+
+def test_ppo_with_a_critic_learns_and_resumes_from_step_3_exactly(rl_setup, tmp_path):
+    """The value loss falls; a run resumed from the step-3 checkpoint (actor, critic, adaptive KL
+    controller, data position, RNG) gives steps 4 and 5 bit-identical to the uninterrupted run's."""
+    cfg = rl_setup.grpo_config(tmp_path / "full", *PPO, "trainer.save_every=3")
     history, _ = run(cfg)
     losses = [h["critic/value_loss"] for h in steps(history)]
     assert len(losses) == 5 and all(math.isfinite(v) for v in losses)
@@ -190,6 +130,16 @@ def test_ppo_with_a_critic_runs_and_its_value_loss_falls(rl_setup, tmp_path):
     assert all(
         "kl/mean" in h and "timing/values" in h and "timing/update_critic" in h for h in steps(history)
     )
+    checkpoints = tmp_path / "full" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_3", "step_5"]
+    assert sorted(p.name for p in (checkpoints / "step_3").iterdir() if p.is_dir()) == ["actor", "critic"]
+
+    resumed_cfg = rl_setup.grpo_config(tmp_path / "resumed", *PPO, f"trainer.resume={checkpoints / 'step_3'}")
+    resumed, _ = run(resumed_cfg)
+    assert [h["step"] for h in resumed] == [4, 5]
+    for expected, actual in zip(steps(history)[3:], resumed):
+        compared = assert_same_metrics(expected, actual)
+        assert {"critic/value_loss", "actor/pg_loss", "kl/coef", "reward/mean"} <= set(compared)
 
 
 # each estimator's run also drives one of issue 11's trainer features (one start per run, not two)

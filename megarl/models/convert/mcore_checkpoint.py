@@ -66,14 +66,19 @@ def _sharded_state(chunks: list[torch.nn.Module]) -> dict[str, Any]:
 
 
 def save_model(
-    chunks: list[torch.nn.Module], staging: Path, meta: dict[str, Any], hf_dir: str | Path
+    chunks: list[torch.nn.Module],
+    staging: Path,
+    meta: dict[str, Any],
+    hf_dir: str | Path,
+    sharded_strategy: Any = None,
 ) -> None:
-    """Collective: every rank writes its shards; rank 0 writes the metadata and HF files."""
+    """Collective: every rank writes its shards; rank 0 writes the metadata and HF files.
+    `sharded_strategy`: megatron's save strategy (None: its default, torch_dist)."""
     from megatron.core import dist_checkpointing
 
     from megarl.models.convert.hf_io import copy_hf_metadata
 
-    dist_checkpointing.save(_sharded_state(chunks), str(staging / "model"))
+    dist_checkpointing.save(_sharded_state(chunks), str(staging / "model"), sharded_strategy)
     if dist.get_rank() == 0:
         copy_hf_metadata(hf_dir, staging / "hf")
         (staging / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2))
@@ -83,7 +88,8 @@ def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
     ckpt_dir = Path(ckpt_dir)
     if partial_dir(ckpt_dir).exists() and not ckpt_dir.exists():
         raise CheckpointError(
-            f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists); re-run the conversion"
+            f"{ckpt_dir} was never completed (only {partial_dir(ckpt_dir)} exists: the save or conversion "
+            "was interrupted); use an earlier checkpoint or re-run the conversion"
         )
     meta_file = ckpt_dir / META_FILE
     if not meta_file.is_file():
@@ -118,9 +124,13 @@ def padded_vocab_for(meta: dict[str, Any], layout: ParallelLayout) -> int:
 
 
 def load_model(chunks: list[torch.nn.Module], ckpt_dir: str | Path) -> None:
-    """Collective: fill `chunks` (any layout) from the checkpoint's dist-checkpoint."""
+    """Collective: fill `chunks` (any layout) from the checkpoint's dist-checkpoint (no code from the
+    files runs: `safe_load.no_code_unpickling`)."""
     from megatron.core import dist_checkpointing
 
-    state = dist_checkpointing.load(_sharded_state(chunks), str(Path(ckpt_dir) / "model"))
+    from megarl.models.convert.safe_load import no_code_unpickling
+
+    with no_code_unpickling():
+        state = dist_checkpointing.load(_sharded_state(chunks), str(Path(ckpt_dir) / "model"))
     for i, chunk in enumerate(chunks):
         chunk.load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])

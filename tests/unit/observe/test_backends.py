@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 
 import pytest
 
 from megarl.config.schema import MegarlConfig
+from megarl.observe.backends import JsonlSink
 from megarl.observe.progress import ProgressLog
 from tests.helpers.run_files import assert_same_as_jsonl, jsonl_history, tensorboard_history, wandb_history
 
@@ -177,3 +179,18 @@ def test_wandb_that_cannot_start_at_all_leaves_the_other_sinks_running(tmp_path,
     console = log_run(run_config(tmp_path, ["wandb"]), [{"reward/mean": 1.0}])
     assert console == "megarl: wandb could not start (OSError: read-only file system); logging without it\n"
     assert jsonl_history(tmp_path) == {1: {"reward/mean": 1.0}}
+
+
+def test_a_resumed_run_keeps_metrics_up_to_its_checkpoint_and_drops_the_rest(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    first = JsonlSink(path)
+    for step in range(5):
+        first.log(step, {"reward/mean": float(step), "actor/grad_norm": float("nan")})
+    with open(path, "a") as f:
+        f.write('{"step": 5, "rew')  # the run died mid-line
+    resumed = JsonlSink(path, resume_step=2)
+    resumed.log(3, {"reward/mean": 30.0})
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert records[1] == {"step": 1, "reward/mean": 1.0, "actor/grad_norm": "nan"}
+    assert records[3]["reward/mean"] == 30.0

@@ -24,8 +24,12 @@ def test_bad_steps_in_a_row_stop_the_run_naming_them():
         counter.update(step, metrics)
         seen.append(metrics["trainer/bad_steps"])
     assert seen == [1.0, 1.0, 2.0]  # a good step in between resets the run, not the total
+    counter.check()  # steps 2 and 3 were not both bad
+    counter.update(4, {"critic/bad_updates": 1.0})
+    restored = BadStepCounter(max_in_a_row=2)  # what a resumed run restores from its checkpoint
+    restored.load_state_dict(counter.state_dict())
     with pytest.raises(BadStepsError, match="steps 3, 4: 2 steps in a row") as e:
-        counter.update(4, {"critic/bad_updates": 1.0})
+        restored.check()
     assert "lower the learning rate" in str(e.value) and "last checkpoint is unaffected" in str(e.value)
 
 
@@ -40,7 +44,9 @@ def test_a_worker_error_names_the_step_and_stage_and_how_to_resume():
     def dies(ctx, batch):
         raise WorkerError("actor.update failed on rank 1 of 2 on node3 (pid 7): ...", "actor", 1, "node3", 7)
 
-    trainer = RLTrainer.__new__(RLTrainer)  # only what train_step touches
+    trainer = RLTrainer.__new__(RLTrainer)  # only what a step touches
+    trainer.cfg = types.SimpleNamespace(trainer=types.SimpleNamespace(eval_every=0, save_every=-1))
+    trainer.val_data = None
     trainer.profiler = types.SimpleNamespace(step=lambda step: contextlib.nullcontext())
     trainer.next_prompts = lambda: Batch(tensors={"x": torch.zeros(2)})
     trainer.flow = Dataflow(
@@ -49,7 +55,7 @@ def test_a_worker_error_names_the_step_and_stage_and_how_to_resume():
     with pytest.raises(
         WorkerError, match=r"^step 3, stage update_actor: actor\.update failed on rank 1"
     ) as e:
-        trainer.train_step(3)
+        trainer._run_step(3)
     assert (e.value.role, e.value.rank, e.value.host, e.value.pid) == ("actor", 1, "node3", 7)
     assert str(e.value).endswith(
         "rerun the same command to resume from the last checkpoint (trainer.resume=auto)"

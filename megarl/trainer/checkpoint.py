@@ -1,0 +1,247 @@
+"""A run's checkpoints: save every trained role and the trainer's own state, atomically; find the one
+to resume from.
+
+    <output_dir>/checkpoints/
+      latest                 "step_6": the newest complete checkpoint, rewritten only after it is complete
+      step_6/
+        trainer_state.json   step, data position, KL controller, prompt-uid counter, bad steps, best
+                             validation score, the driver's RNG states
+        config.yaml          the resolved config of the run that saved it
+        actor/  critic/      each trained role's checkpoint (megarl.models.checkpoint): weights, optimizer,
+                             LR schedule, per-rank RNG — `megarl convert mcore-to-hf` reads actor/ directly
+      step_8.partial/        a save in progress or one that was interrupted: never resumed from; the next
+                             save removes it
+
+A save writes `step_<N>.partial/` (every rank its shards), renames it to `step_<N>/` once every role has
+returned, and only then points `latest` at it (written to a temporary file and renamed over the old one),
+so a crash at any moment leaves the previous checkpoint as `latest`. The file system must be shared by
+every node (as for any megatron checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+STATE_VERSION = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class ResumeError(ValueError):
+    """trainer.resume names something that is not a complete checkpoint, or one this run cannot use."""
+
+
+def checkpoints_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def step_name(step: int) -> str:
+    return f"step_{step}"
+
+
+def complete_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint under `root` (a checkpoints/ dir), oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and entry.is_dir() and (entry / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint `root/latest` names; without that file, the newest complete one (None if none)."""
+    pointer = root / LATEST
+    if pointer.is_file():
+        target = root / pointer.read_text().strip()
+        if not (target / TRAINER_STATE).is_file():
+            raise ResumeError(
+                f"{pointer} names {target.name}, which is not a complete checkpoint; point "
+                "trainer.resume at another step directory or use trainer.resume=disable"
+            )
+        return target
+    steps = complete_steps(root)
+    return steps[-1][1] if steps else None
+
+
+def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
+    """The step directory trainer.resume (auto | disable | a path) names, or None to start afresh."""
+    if resume == "disable":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(checkpoints_dir(output_dir))
+    path = Path(resume)
+    if (path / TRAINER_STATE).is_file():
+        return path
+    for root in (path, path / CHECKPOINTS):  # a run's checkpoints/ directory, or the run directory
+        if (root / LATEST).is_file() or complete_steps(root):
+            return latest_checkpoint(root)
+    partial = Path(str(path).rstrip("/") + ".partial")
+    hint = f" (only {partial.name} exists: that save was interrupted)" if partial.exists() else ""
+    raise ResumeError(
+        f"trainer.resume={resume} is not a megarl checkpoint{hint}: expected a step directory with "
+        f"{TRAINER_STATE}, a run's {CHECKPOINTS}/ directory or the run directory; use trainer.resume=auto "
+        "to continue from <output_dir>/checkpoints/latest"
+    )
+
+
+def read_trainer_state(step_dir: Path) -> dict[str, Any]:
+    path = step_dir / TRAINER_STATE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ResumeError(f"{path} cannot be read ({e}); resume from an earlier step directory") from None
+    if state.get("version") != STATE_VERSION:
+        raise ResumeError(f"{path}: trainer state version {state.get('version')} is not {STATE_VERSION}")
+    return state
+
+
+TRAINED_ROLES = ("actor", "critic")
+
+
+def check_resumable(step_dir: Path, roles: list[str]) -> None:
+    """Every trained role this run starts must be in the checkpoint."""
+    missing = [r for r in roles if r in TRAINED_ROLES and not (step_dir / r).is_dir()]
+    if missing:
+        present = sorted(p.name for p in step_dir.iterdir() if p.is_dir())
+        raise ResumeError(
+            f"{step_dir} has no checkpoint of the {', '.join(missing)} role (it has: {', '.join(present)}); "
+            "resume with the roles it was saved with, or start afresh with trainer.resume=disable"
+        )
+
+
+def precheck_roles(step_dir: Path, cfg: Any, total_steps: int) -> None:
+    """Before any worker starts: each trained role's checkpoint is complete (every file of its manifest
+    present at its size) and of the model the config builds for that role (architecture, vocabulary).
+    The workers then verify the checksums, split over their ranks, when they load."""
+    from megarl.config.roles import role_spec
+    from megarl.models.convert import manifest as mf
+    from megarl.models.convert.mcore_checkpoint import CheckpointError, read_meta
+    from megarl.models.from_hf import ModelArchitecture
+    from megarl.models.train_checkpoint import check_fingerprint
+
+    for role in TRAINED_ROLES:
+        if not getattr(cfg, role).enable and role != "actor":
+            continue
+        role_dir = step_dir / role
+        meta = read_meta(role_dir)
+        problems = mf.check_files(role_dir, mf.read_manifest(role_dir), checksums=False)
+        if problems:
+            raise CheckpointError(
+                f"{role_dir} is incomplete or damaged:\n  "
+                + "\n  ".join(problems)
+                + "\nresume from an earlier checkpoint (trainer.resume=<run>/checkpoints/step_<N>)"
+            )
+        model_path = role_spec(cfg, role, total_steps).model.path
+        arch = ModelArchitecture.from_pretrained(model_path)
+        check_fingerprint(meta, arch.with_scalar_head() if role == "critic" else arch, role_dir, model_path)
+
+
+def capture_rng() -> dict[str, Any]:
+    """The driver's Python, NumPy and torch (CPU) RNG states, as JSON (the workers save their own)."""
+    import torch
+
+    from megarl.models.rng_state import python_numpy_state
+
+    return {**python_numpy_state(), "torch": torch.get_rng_state().tolist()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import torch
+
+    from megarl.models.rng_state import restore_python_numpy
+
+    restore_python_numpy(state)
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+@dataclass
+class SaveReport:
+    path: Path
+    seconds: float
+    bytes: int
+
+
+class RunCheckpoints:
+    """Saves and prunes the checkpoints of one run. `groups` = {role: worker group} of the trained roles;
+    only the writer (the driver, or rank 0 under torchrun) touches the directories, but every process
+    calls `save` (the group calls are collective under torchrun)."""
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        groups: dict[str, Any],
+        is_writer: bool,
+        max_checkpoints: int | None = None,
+        spmd: bool = False,
+    ) -> None:
+        self.root = checkpoints_dir(output_dir)
+        self.groups = {role: g for role, g in groups.items() if g is not None}
+        self.is_writer, self.max_checkpoints, self.spmd = is_writer, max_checkpoints, spmd
+
+    def save(self, step: int, trainer_state: dict[str, Any], config_yaml: str) -> SaveReport:
+        start = time.perf_counter()
+        final = self.root / step_name(step)
+        staging = self.root / f"{step_name(step)}.partial"
+        if self.is_writer:
+            for stale in self.root.glob("*.partial"):  # interrupted saves of this or an earlier run
+                shutil.rmtree(stale, ignore_errors=True)
+            staging.mkdir(parents=True)
+        self._barrier()
+        written = 0
+        for role, group in self.groups.items():
+            reports = group.save_checkpoint(str(staging / role), {"step": step})
+            written += sum(r.get("bytes_written", 0) for r in reports)
+        if self.is_writer:
+            (staging / "config.yaml").write_text(config_yaml)
+            state = {"version": STATE_VERSION, "step": step, **trainer_state}
+            _write_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2))
+            self._publish(staging, final)
+            self._prune(keep=final)
+        self._barrier()
+        return SaveReport(final, time.perf_counter() - start, written)
+
+    def _publish(self, staging: Path, final: Path) -> None:
+        """staging → final, then `latest` → final: each step a rename, so never half done."""
+        replaced = None
+        if final.exists():  # a run resumed from an earlier step saves this step again
+            replaced = final.with_name(final.name + ".replaced")
+            shutil.rmtree(replaced, ignore_errors=True)
+            final.rename(replaced)
+        staging.rename(final)
+        _write_atomically(self.root / LATEST, final.name + "\n")
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+
+    def _prune(self, keep: Path) -> None:
+        if self.max_checkpoints is None:
+            return
+        steps = [path for _, path in complete_steps(self.root) if path != keep]
+        for path in steps[: max(0, len(steps) - (self.max_checkpoints - 1))]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _barrier(self) -> None:
+        if self.spmd:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,95 @@
+"""Running the RL trainer in the e2e tests: the in-process API with a stage that keeps each step's
+responses, the torchrun launcher through the CLI, and comparing two runs' metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megarl.trainer.dataflow import Stage
+from megarl.trainer.rl_trainer import RLTrainer
+
+REPO = Path(__file__).resolve().parents[2]
+GRPO_CONFIG = REPO / "configs" / "quickstart_grpo.yaml"
+LOGPROB_TOLERANCE = 2e-5  # engine vs recomputed log-probs after every weight sync, fp32 (DESIGN §6)
+# 32 prompts × 8 samples a step: the step-to-step spread of the mean reward is ≈ 0.03
+GRPO = ("data.train_batch_size=32", "algorithm.ppo_mini_batch_size=32")
+# what differs between two runs of the same steps: wall-clock measurements
+TIMING_PREFIXES = ("timing/", "throughput/", "step_seconds")
+
+
+def run(cfg) -> tuple[list[dict], list[torch.Tensor]]:
+    """fit() with a stage inserted after generate that keeps each step's responses (the Python API's
+    graph editing, used the way a user would)."""
+    trainer = RLTrainer(cfg)
+    responses: list[torch.Tensor] = []
+
+    def keep(ctx, batch):
+        if not ctx.validate:
+            responses.append(batch["responses"].clone())
+
+    trainer.flow.insert_after("generate", Stage("keep_responses", keep, reads=("responses",)))
+    return trainer.fit(), responses
+
+
+def steps(history: list[dict]) -> list[dict]:
+    return [h for h in history if h["step"] > 0]
+
+
+def megarl_train(overrides: list[str], env: dict | None = None, timeout: float = 600):
+    """`megarl train configs/quickstart_grpo.yaml OVERRIDES` in a subprocess (CompletedProcess)."""
+    cmd = [sys.executable, "-m", "megarl.cli", "train", str(GRPO_CONFIG), *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_same_metrics(expected: dict, actual: dict, rel: float = 0.0, abs_: float = 0.0) -> list[str]:
+    """Every metric of `expected` but the timings equals `actual`'s (exactly by default); returns the
+    keys compared."""
+    compared = [k for k in expected if not k.startswith(TIMING_PREFIXES)]
+    for key in compared:
+        assert key in actual, key
+        if rel or abs_:
+            assert actual[key] == pytest.approx(expected[key], rel=rel, abs=abs_, nan_ok=True), key
+        else:
+            assert actual[key] == expected[key] or (
+                actual[key] != actual[key] and expected[key] != expected[key]
+            ), (
+                key,
+                expected[key],
+                actual[key],
+            )
+    return compared
+
+
+def megarl_cli(*argv, timeout: float = 600):
+    """`megarl ARGV` in a subprocess (CompletedProcess)."""
+    cmd = [sys.executable, "-m", "megarl.cli", *map(str, argv)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def greedy_vllm(model_dir: Path, prompt_token_ids: list[list[int]], cfg) -> list[list[int]]:
+    """A fresh vLLM engine's greedy response tokens for each prompt (tests/helpers/greedy_vllm.py),
+    with the run's validation length limits."""
+    import json
+    import tempfile
+
+    max_tokens = cfg.rollout.val.max_tokens or cfg.data.max_response_length
+    with tempfile.TemporaryDirectory() as tmp:
+        request, out = Path(tmp) / "request.json", Path(tmp) / "out.json"
+        request.write_text(
+            json.dumps(
+                {
+                    "prompt_token_ids": prompt_token_ids,
+                    "max_tokens": max_tokens,
+                    "max_model_len": cfg.data.max_prompt_length + max_tokens,
+                }
+            )
+        )
+        cmd = [sys.executable, "-m", "tests.helpers.greedy_vllm", str(model_dir), str(request), str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(out.read_text())

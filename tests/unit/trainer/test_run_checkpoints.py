@@ -1,0 +1,103 @@
+"""A run's checkpoint directories: atomic publish, `latest`, keep-last-K, and what trainer.resume finds.
+
+The role checkpoints inside a step directory are the workers' (tests/multiproc, tests/e2e); here the
+run-level bookkeeping is checked with the trainer's own state only."""
+
+import json
+
+import pytest
+
+from megarl.trainer.checkpoint import (
+    ResumeError,
+    RunCheckpoints,
+    capture_rng,
+    check_resumable,
+    complete_steps,
+    resolve_resume,
+    restore_rng,
+)
+
+
+def save(run, step, keep=None):
+    return RunCheckpoints(run, {}, is_writer=True, max_checkpoints=keep).save(step, {"x": step}, "a: 1\n")
+
+
+def test_a_save_is_published_as_a_step_directory_and_latest_names_it(tmp_path):
+    report = save(tmp_path, 2)
+    root = tmp_path / "checkpoints"
+    assert report.path == root / "step_2"
+    assert (root / "latest").read_text() == "step_2\n"
+    state = json.loads((root / "step_2" / "trainer_state.json").read_text())
+    assert state == {"version": 1, "step": 2, "x": 2}
+    assert (root / "step_2" / "config.yaml").read_text() == "a: 1\n"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2"]  # no .partial, no .tmp left
+
+
+def test_keep_last_k_deletes_the_oldest_and_never_latest(tmp_path):
+    for step in (1, 2, 3, 4):
+        save(tmp_path, step, keep=2)
+    assert [s for s, _ in complete_steps(tmp_path / "checkpoints")] == [3, 4]
+    assert resolve_resume("auto", tmp_path) == tmp_path / "checkpoints" / "step_4"
+
+
+def test_an_interrupted_save_never_becomes_latest_and_the_next_save_removes_it(tmp_path):
+    save(tmp_path, 2)
+    root = tmp_path / "checkpoints"
+    (root / "step_4.partial" / "actor").mkdir(parents=True)  # a save killed half way
+    assert resolve_resume("auto", tmp_path) == root / "step_2"
+    with pytest.raises(ResumeError, match=r"only step_4.partial exists: that save was interrupted"):
+        resolve_resume(str(root / "step_4"), tmp_path)
+    save(tmp_path, 6)
+    assert not (root / "step_4.partial").exists()
+
+
+def test_resaving_a_step_after_resuming_from_an_earlier_one_replaces_it(tmp_path):
+    save(tmp_path, 2)
+    save(tmp_path, 4)
+    RunCheckpoints(tmp_path, {}, is_writer=True).save(4, {"x": 40}, "")
+    root = tmp_path / "checkpoints"
+    assert json.loads((root / "step_4" / "trainer_state.json").read_text())["x"] == 40
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_4"]
+
+
+def test_resume_accepts_a_step_directory_the_checkpoints_directory_or_the_run(tmp_path):
+    save(tmp_path, 1)
+    save(tmp_path, 3)
+    step3 = tmp_path / "checkpoints" / "step_3"
+    assert resolve_resume(str(tmp_path / "checkpoints" / "step_1"), "elsewhere").name == "step_1"
+    assert resolve_resume(str(tmp_path / "checkpoints"), "elsewhere") == step3
+    assert resolve_resume(str(tmp_path), "elsewhere") == step3
+    assert resolve_resume("disable", tmp_path) is None
+    assert resolve_resume("auto", tmp_path / "fresh") is None
+
+
+def test_latest_pointing_at_a_missing_checkpoint_is_an_error_naming_it(tmp_path):
+    save(tmp_path, 1)
+    (tmp_path / "checkpoints" / "latest").write_text("step_9\n")
+    with pytest.raises(ResumeError, match=r"latest names step_9, which is not a complete checkpoint"):
+        resolve_resume("auto", tmp_path)
+
+
+def test_a_path_that_is_no_checkpoint_is_an_error_saying_what_is_expected(tmp_path):
+    with pytest.raises(ResumeError, match=r"is not a megarl checkpoint.*trainer_state.json"):
+        resolve_resume(str(tmp_path), "elsewhere")
+
+
+def test_a_trained_role_missing_from_the_checkpoint_is_named(tmp_path):
+    step = save(tmp_path, 1).path
+    (step / "actor").mkdir()
+    check_resumable(step, ["actor", "ref"])
+    with pytest.raises(ResumeError, match=r"no checkpoint of the critic role \(it has: actor\)"):
+        check_resumable(step, ["actor", "critic"])
+
+
+def test_driver_rng_states_round_trip_through_json():
+    import random
+
+    import numpy as np
+    import torch
+
+    state = json.loads(json.dumps(capture_rng()))
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    restore_rng(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
