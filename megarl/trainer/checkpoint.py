@@ -121,7 +121,7 @@ def check_resumable(step_dir: Path, roles: list[str]) -> None:
         )
 
 
-def precheck_roles(step_dir: Path, cfg: Any, total_steps: int) -> None:
+def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str]) -> None:
     """Before any worker starts: each trained role's checkpoint is complete (every file of its manifest
     present at its size) and of the model the config builds for that role (architecture, vocabulary).
     The workers then verify the checksums, split over their ranks, when they load."""
@@ -131,9 +131,7 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int) -> None:
     from megarl.models.from_hf import ModelArchitecture
     from megarl.models.train_checkpoint import check_fingerprint
 
-    for role in TRAINED_ROLES:
-        if not getattr(cfg, role).enable and role != "actor":
-            continue
+    for role in (r for r in roles if r in TRAINED_ROLES):
         role_dir = step_dir / role
         meta = read_meta(role_dir)
         problems = mf.check_files(role_dir, mf.read_manifest(role_dir), checksums=False)

@@ -83,7 +83,7 @@ class RLTrainer:
         resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
         if resumed is not None:
             check_resumable(self.resume_from, enabled_roles(cfg))
-            precheck_roles(self.resume_from, cfg, self.total_steps)
+            precheck_roles(self.resume_from, cfg, self.total_steps, enabled_roles(cfg))
             self.loader.load_state_dict(resumed["data"])  # a different data set or data.seed fails here
         self.start_step = resumed["step"] if resumed is not None else 0
         self.best_val_reward: float | None = None
