@@ -119,7 +119,7 @@ def layer_buckets(reader: DistCheckpointReader, arch: ModelArchitecture) -> list
         if key == "output_layer.weight" and arch.tie_embeddings and arch.head == "lm":
             continue  # a copy of the embedding
         entry, _ = llama.param_map(key, arch)  # names a tensor megarl cannot map
-        if entry.kind is ParamKind.VOCAB and arch.head == "lm":
+        if entry.kind is ParamKind.VOCAB:  # the padded embedding or LM head: only the real rows
             if shape[0] < arch.vocab_size:
                 raise ValueError(f"{key} has {shape[0]} rows, fewer than vocab_size={arch.vocab_size}")
             shape = (arch.vocab_size, *shape[1:])

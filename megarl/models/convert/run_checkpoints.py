@@ -84,7 +84,7 @@ def _through_latest(checkpoints: Path, role: str) -> Path:
         if partial:
             raise CheckpointNotFoundError(
                 f"{checkpoints} has no complete checkpoint (only {', '.join(partial)}, interrupted); "
-                "a run writes a checkpoint every trainer.save_freq steps — nothing to load yet"
+                "nothing complete to load yet"
             )
         raise CheckpointNotFoundError(f"{checkpoints} holds no checkpoints")
     name = latest.read_text().strip()
