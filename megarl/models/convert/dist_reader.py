@@ -28,6 +28,11 @@ from megarl.models.convert import llama
 from megarl.models.from_hf import ModelArchitecture
 
 _STACKED = "decoder.layers."
+_MODEL_KEYS = (
+    "embedding.",
+    "decoder.",
+    "output_layer.",
+)  # anything else (optimizer state, ...) is not weights
 
 
 class _BoxPlanner(DefaultLoadPlanner):
@@ -99,22 +104,17 @@ def layer_buckets(reader: DistCheckpointReader, arch: ModelArchitecture) -> list
     norm and output layer. Vocabulary padding rows are never read."""
     first, layers, last = [], [[] for _ in range(arch.num_layers)], []
     for key, (shape, dtype) in reader.tensors.items():
+        if not key.startswith(_MODEL_KEYS):
+            continue
         if key.startswith(_STACKED) and not key[len(_STACKED)].isdigit():
             if shape[0] != arch.num_layers:
                 raise ValueError(
                     f"{key} stacks {shape[0]} layers, but config.json has num_hidden_layers={arch.num_layers}"
                 )
-            suffix = key[len(_STACKED) :]
+            suffix, rest = key[len(_STACKED) :], (0,) * (len(shape) - 1)
             for i in range(arch.num_layers):
-                box = Box(
-                    f"{_STACKED}{i}.{suffix}",
-                    key,
-                    (i,) + (0,) * (len(shape) - 1),
-                    (1, *shape[1:]),
-                    dtype,
-                    True,
-                )
-                layers[i].append(box)
+                name = f"{_STACKED}{i}.{suffix}"
+                layers[i].append(Box(name, key, (i, *rest), (1, *shape[1:]), dtype, stacked=True))
             continue
         if key == "output_layer.weight" and arch.tie_embeddings and arch.head == "lm":
             continue  # a copy of the embedding
@@ -123,7 +123,7 @@ def layer_buckets(reader: DistCheckpointReader, arch: ModelArchitecture) -> list
             if shape[0] < arch.vocab_size:
                 raise ValueError(f"{key} has {shape[0]} rows, fewer than vocab_size={arch.vocab_size}")
             shape = (arch.vocab_size, *shape[1:])
-        box = Box(key, key, (0,) * len(shape), shape, dtype, False)
+        box = Box(key, key, (0,) * len(shape), shape, dtype, stacked=False)
         _, layer = llama.split_layer_name(key)
         if layer is not None:
             layers[layer].append(box)

@@ -10,6 +10,7 @@ from megarl.models.convert.dist_reader import Box, DistCheckpointReader
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_box_reads_one_layer_and_the_unpadded_rows(tmp_path):
     stacked = torch.randn(3, 8, 4)
     embedding = torch.randn(10, 4)
