@@ -79,7 +79,8 @@ def export_hf(
         )
     stages = [None] * dist.get_world_size()
     dist.all_gather_object(stages, own)
-    plan = plan_shards([specs for _, specs in sorted(s for s in stages if s is not None)], max_bytes)
+    by_stage = sorted((s for s in stages if s is not None), key=lambda s: s[0])  # one writer per stage
+    plan = plan_shards([specs for _, specs in by_stage], max_bytes)
     writer = ShardWriter(staging, plan, group=stage) if is_writer else None
     failure = None
     for name, tensor in to_hf_tensors(full_megatron_tensors(chunks, arch), arch):  # TP collective
