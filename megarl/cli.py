@@ -3,7 +3,7 @@
 megarl config show CONFIG [key=value ...]     resolved config, or the validation problems (exit 2)
 megarl tiny-model --out DIR [--family F]      a tiny random HF model + tokenizer, built offline
 megarl convert hf-to-mcore --hf DIR --out DIR --tp N --pp N
-megarl convert mcore-to-hf --ckpt DIR --out DIR
+megarl convert mcore-to-hf --ckpt CKPT|STEP|RUN [--role R] --out DIR [--max-shard-size 5GB]
 megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
 megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
 megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
@@ -84,31 +84,44 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--out {args.out} already exists; remove it, choose another --out or pass --overwrite"
         )
-    if args.direction == "hf-to-mcore":
-        _check_launch(args.hf, args.tp, args.pp, args.vpp, args.tp * args.pp)
-        worker_args = [
-            "hf-to-mcore",
-            "--hf",
-            args.hf,
-            "--out",
-            args.out,
-            "--tp",
-            str(args.tp),
-            "--pp",
-            str(args.pp),
-        ]
-        worker_args += ["--vpp", str(args.vpp)] if args.vpp else []
-        worker_args += ["--dtype", args.dtype] if args.dtype else []
-        worker_args += ["--overwrite"] if args.overwrite else []
-        outcome = _launch(program, worker_args, args.tp * args.pp)
-    else:
-        from megarl.models.convert.mcore_checkpoint import read_meta
-
-        read_meta(args.ckpt)
-        outcome = _launch(program, ["mcore-to-hf", "--ckpt", args.ckpt, "--out", args.out], 1)
+    if args.direction == "mcore-to-hf":
+        return _mcore_to_hf(args)
+    _check_launch(args.hf, args.tp, args.pp, args.vpp, args.tp * args.pp)
+    worker_args = [
+        "hf-to-mcore",
+        "--hf",
+        args.hf,
+        "--out",
+        args.out,
+        "--tp",
+        str(args.tp),
+        "--pp",
+        str(args.pp),
+    ]
+    worker_args += ["--vpp", str(args.vpp)] if args.vpp else []
+    worker_args += ["--dtype", args.dtype] if args.dtype else []
+    worker_args += ["--overwrite"] if args.overwrite else []
+    outcome = _launch(program, worker_args, args.tp * args.pp)
     for result in outcome["results"]:
         print(json.dumps(result))
     return outcome["returncode"]
+
+
+def _mcore_to_hf(args: argparse.Namespace) -> int:
+    """In this process: the export reads the dist-checkpoint layer by layer without megatron or ranks."""
+    from megarl.models.convert.export import export_checkpoint_hf
+    from megarl.models.convert.mcore_checkpoint import read_meta
+    from megarl.models.convert.run_checkpoints import resolve_role_checkpoint
+    from megarl.models.convert.safetensors_shards import parse_size
+
+    try:
+        max_shard_bytes = parse_size(args.max_shard_size)
+    except ValueError as e:
+        raise UsageError(f"--max-shard-size: {e}") from None
+    ckpt = resolve_role_checkpoint(args.ckpt, args.role)
+    read_meta(ckpt)
+    print(json.dumps(export_checkpoint_hf(ckpt, args.out, max_shard_bytes, overwrite=args.overwrite)))
+    return 0
 
 
 def cmd_verify_model(args: argparse.Namespace) -> int:
@@ -242,8 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     to_mcore.add_argument("--overwrite", action="store_true")
     to_mcore.set_defaults(func=cmd_convert)
     to_hf = convert.add_parser("mcore-to-hf", help="megarl megatron checkpoint -> HF safetensors")
-    to_hf.add_argument("--ckpt", required=True)
+    to_hf.add_argument(
+        "--ckpt",
+        required=True,
+        help="a megarl checkpoint, a run's checkpoints/step_N, its checkpoints/latest, checkpoints/ or the run dir",
+    )
+    to_hf.add_argument("--role", default="actor", help="which role of a run's step to export (actor, critic)")
     to_hf.add_argument("--out", required=True)
+    to_hf.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="largest safetensors file, like save_pretrained: 5GB, 500MB, 2GiB",
+    )
     to_hf.add_argument("--overwrite", action="store_true")
     to_hf.set_defaults(func=cmd_convert)
 

@@ -7,7 +7,9 @@ against transformers fp32 references.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,7 @@ from megarl.config.schema import MegarlConfig
 from megarl.controller.group import WorkerGroup, make_colocated_groups, make_worker_group
 from megarl.controller.worker import WorkerError
 from megarl.data.batching import balance_for_dp
+from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
@@ -103,6 +106,25 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
+def check_export(actor: WorkerGroup, policy: str) -> dict:
+    """The live export before any update: the source's tensors bit for bit, in HF shards (collective)."""
+    from safetensors.torch import load_file
+
+    where = [tempfile.mkdtemp() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    out = Path(where[0]) / "hf"
+    actor.export_hf(str(out))
+    original, restored = load_file(Path(policy) / "model.safetensors"), HFCheckpointReader(out)
+    exact = sorted(original) == sorted(restored.names()) and all(
+        torch.equal(restored.get(n), t) for n, t in original.items()
+    )
+    files = sorted(p.name for p in out.iterdir())
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(where[0])
+    return {"export_bit_exact": exact, "export_files": files}
+
+
 def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, rm_ref: dict) -> dict:
     tp, pp = LAYOUTS[name]
     out: dict = {}
@@ -122,6 +144,7 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     ref_future = reference.ref_log_prob_async(batch)
     out["ref_future_done"] = ref_future.done()
     out["ref_equals_actor"] = max_diff(ref_future.result()["ref_log_probs"], lp["old_log_probs"])
+    out.update(check_export(actor, policy))
 
     # One optimizer step on a fixed batch; at the start ratio = 1, so the PPO loss is -token_mean(A).
     advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask

@@ -45,6 +45,19 @@ def test_actor_and_reference_groups_expose_only_their_roles_methods(checks, layo
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_live_export_writes_the_source_weights_in_one_shard_per_stage(checks, layout):
+    assert checks[layout]["export_bit_exact"]
+    pp = int(layout[-1])
+    shards = (
+        ["model.safetensors"]
+        if pp == 1
+        else [f"model-{i:05d}-of-{pp:05d}.safetensors" for i in range(1, pp + 1)]
+    )
+    index = ["model.safetensors.index.json"] if pp > 1 else []
+    assert [f for f in checks[layout]["export_files"] if f.startswith("model")] == sorted(shards + index)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_first_update_loss_is_minus_the_token_mean_advantage(checks, layout):
     # old_log_probs = current log-probs, so every ratio is 1 and nothing is clipped.
     assert checks[layout]["pg_loss"] == pytest.approx(checks[layout]["hand_pg_loss"], abs=1e-5)

@@ -102,6 +102,20 @@ def test_mcore_to_hf_names_corrupt_metadata(tmp_path, capsys):
     assert code == 2 and "is corrupt" in err
 
 
+def test_mcore_to_hf_of_a_run_names_its_interrupted_save(tmp_path, capsys):
+    (tmp_path / "run" / "checkpoints" / "step_4.partial" / "actor").mkdir(parents=True)
+    code, _, err = run(
+        ["convert", "mcore-to-hf", "--ckpt", str(tmp_path / "run"), "--out", str(tmp_path / "o")], capsys
+    )
+    assert code == 2 and "no complete checkpoint (only step_4.partial, interrupted)" in err
+
+
+def test_mcore_to_hf_rejects_a_bad_max_shard_size(tmp_path, capsys):
+    argv = ["convert", "mcore-to-hf", "--ckpt", str(tmp_path), "--out", str(tmp_path / "o")]
+    code, _, err = run([*argv, "--max-shard-size", "5 apples"], capsys)
+    assert code == 2 and "--max-shard-size" in err and "'5GB'" in err
+
+
 def test_unsupported_architecture_is_named(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "num_attention_heads": 4}))
     code, _, err = run(["verify-model", "--hf", str(tmp_path)], capsys)

@@ -1,65 +1,150 @@
-"""Write a live Megatron model (any TP/PP layout) as a Hugging Face checkpoint, atomically.
+"""Write Hugging Face checkpoints, streaming into size-bounded safetensors shards, atomically.
 
-Collective over the model's world: TP ranks gather each tensor, the first DP replica's TP rank 0 of each
-PP stage writes that stage's tensors, rank 0 writes the index and the config/tokenizer files. The
-directory appears under its final name only once everything is written.
+Two sources, one shard writer (safetensors_shards):
+- `export_hf`: a live Megatron model at any TP/PP layout (collective over the model's world). TP ranks
+  gather each tensor; the first DP replica's TP rank 0 of each PP stage writes that stage's shards; rank 0
+  writes the index and the config/tokenizer files.
+- `export_checkpoint_hf`: a megarl checkpoint directory, in one process without megatron: tensors are
+  read one layer at a time from the dist-checkpoint (dist_reader).
+
+Both plan the shards first from meta tensors (names, shapes, dtypes), then write each tensor as it comes,
+so memory holds one tensor (live) or one layer (checkpoint), never a shard or the model. The output is
+staged in `<out>.partial` and renamed into place only once complete.
 """
 
 from __future__ import annotations
 
-import json
+import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 
+from megarl.models.convert import llama
+from megarl.models.convert.dist_reader import DistCheckpointReader, checkpoint_megatron_tensors
 from megarl.models.convert.hf_io import copy_hf_metadata
-from megarl.models.convert.loader import full_megatron_tensors, to_hf_tensors
-from megarl.models.convert.mcore_checkpoint import begin_write, finish_write
+from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
+from megarl.models.convert.mcore_checkpoint import begin_write, finish_write, partial_dir, read_meta
+from megarl.models.convert.safetensors_shards import (
+    DEFAULT_MAX_SHARD_SIZE,
+    ShardWriter,
+    TensorSpec,
+    parse_size,
+    plan_shards,
+    write_index,
+)
+from megarl.models.convert.sharding import unshard
 from megarl.models.from_hf import ModelArchitecture
 
 
+def _stage_meta_tensors(
+    chunks: list[torch.nn.Module], arch: ModelArchitecture, tp: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What full_megatron_tensors yields on this rank, as meta tensors (no communication)."""
+    for chunk in chunks:
+        for name, param in global_named_parameters(chunk):
+            if getattr(param, "shared", False):
+                continue
+            entry, _ = llama.param_map(name, arch)
+            local = torch.empty(param.shape, dtype=param.dtype, device="meta")
+            shards = [local] * (tp if tp > 1 and entry.kind.tp_sharded else 1)
+            yield name, unshard(entry.kind, shards, vocab_size=arch.vocab_size)
+
+
 def export_hf(
-    chunks: list[torch.nn.Module], arch: ModelArchitecture, source_hf_dir: str, out_dir: str | Path
+    chunks: list[torch.nn.Module],
+    arch: ModelArchitecture,
+    source_hf_dir: str,
+    out_dir: str | Path,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
     """Save `chunks` (this rank's model chunks) as an HF checkpoint at `out_dir`; returns the path."""
     from megatron.core import parallel_state as ps
 
     out_dir = Path(out_dir)
+    max_bytes = parse_size(max_shard_size)
     staging = begin_write(out_dir, overwrite=True)  # collective
-    tensors = {
-        name: t.detach().cpu().contiguous().clone()
-        for name, t in to_hf_tensors(full_megatron_tensors(chunks, arch), arch)
-    }
-    stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-    writer = (
+    tp, stage = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+    is_writer = (
         ps.get_data_parallel_rank(with_context_parallel=True) == 0
         and ps.get_tensor_model_parallel_rank() == 0
     )
-    file = "model.safetensors" if stages == 1 else f"model-{stage + 1:05d}-of-{stages:05d}.safetensors"
-    if writer:
-        save_file(tensors, staging / file, metadata={"format": "pt"})
-    listing = [None] * dist.get_world_size()
-    own = {name: (file, t.numel() * t.element_size()) for name, t in tensors.items()} if writer else {}
-    dist.all_gather_object(listing, own)
+    own = None
+    if is_writer:
+        own = (
+            stage,
+            [TensorSpec.of(n, t) for n, t in to_hf_tensors(_stage_meta_tensors(chunks, arch, tp), arch)],
+        )
+    stages = [None] * dist.get_world_size()
+    dist.all_gather_object(stages, own)
+    by_stage = sorted((s for s in stages if s is not None), key=lambda s: s[0])  # one writer per stage
+    plan = plan_shards([specs for _, specs in by_stage], max_bytes)
+    writer = ShardWriter(staging, plan, group=stage) if is_writer else None
     failure = None
-    if dist.get_rank() == 0:
-        try:
+    for name, tensor in to_hf_tensors(full_megatron_tensors(chunks, arch), arch):  # TP collective
+        if writer is not None and failure is None:
+            try:
+                writer.write(name, tensor)
+            except (OSError, ValueError, KeyError) as e:  # keep iterating: the TP peers are in collectives
+                failure = f"writing {name} into {staging} failed on rank {dist.get_rank()}: {e}"
+    try:
+        if writer is not None and failure is None:
+            writer.close()
+        if dist.get_rank() == 0 and failure is None:
             (staging / "model").rmdir()  # begin_write's layout is the dist-checkpoint's
-            if stages > 1:
-                merged = {name: entry for part in listing for name, entry in part.items()}
-                index = {
-                    "metadata": {"total_size": sum(size for _, size in merged.values())},
-                    "weight_map": {name: f for name, (f, _) in sorted(merged.items())},
-                }
-                (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            write_index(staging, plan)
             copy_hf_metadata(source_hf_dir, staging)
-        except OSError as e:
-            failure = f"writing the HF checkpoint {out_dir} failed on rank 0: {e}"
-    outcome = [failure]
-    dist.broadcast_object_list(outcome, src=0)  # every rank fails together instead of hanging in a barrier
-    if outcome[0]:
-        raise OSError(outcome[0])
+    except (OSError, ValueError) as e:
+        failure = f"writing the HF checkpoint {out_dir} failed on rank {dist.get_rank()}: {e}"
+    failures = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)  # every rank fails together instead of hanging in a barrier
+    if any(failures):
+        raise OSError("; ".join(f for f in failures if f))
     finish_write(staging, out_dir)  # collective
     return out_dir
+
+
+def export_checkpoint_hf(
+    ckpt_dir: str | Path,
+    out_dir: str | Path,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    overwrite: bool = False,
+) -> dict:
+    """Write the megarl checkpoint at `ckpt_dir` (a role or converted checkpoint) as an HF checkpoint at
+    `out_dir`, one layer in memory at a time. One process, no torch.distributed; returns a summary."""
+    start = time.perf_counter()
+    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
+    meta = read_meta(ckpt_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(
+            f"{out_dir} already exists; remove it, choose another --out or pass --overwrite"
+        )
+    arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")
+    reader = DistCheckpointReader(ckpt_dir / "model")
+    specs = [
+        TensorSpec.of(n, t)
+        for n, t in to_hf_tensors(checkpoint_megatron_tensors(reader, arch, meta=True), arch)
+    ]
+    plan = plan_shards([specs], parse_size(max_shard_size))
+    staging = partial_dir(out_dir)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    writer = ShardWriter(staging, plan)
+    for name, tensor in to_hf_tensors(checkpoint_megatron_tensors(reader, arch), arch):
+        writer.write(name, tensor)
+    writer.close()
+    write_index(staging, plan)
+    copy_hf_metadata(ckpt_dir / "hf", staging)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    staging.rename(out_dir)
+    return {
+        "out": str(out_dir),
+        "from": str(ckpt_dir),
+        "dtype": meta["dtype"],
+        "shards": len(plan.shards),
+        "bytes": plan.index()["metadata"]["total_size"],
+        "seconds": round(time.perf_counter() - start, 2),
+    }

@@ -9,9 +9,18 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-_NOT_WEIGHTS = {"model.safetensors", "model.safetensors.index.json"}
+from megarl.models.convert.safetensors_shards import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    ShardWriter,
+    TensorSpec,
+    parse_size,
+    plan_shards,
+    write_index,
+)
+
+_NOT_WEIGHTS = {SINGLE_FILE, INDEX_FILE}
 
 
 class HFCheckpointReader:
@@ -56,28 +65,16 @@ def copy_hf_metadata(src: str | Path, dst: str | Path) -> None:
 
 
 def write_hf_weights(
-    out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], shard_bytes: int = 2 * 2**30
+    out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], max_shard_size: int | str = "5GB"
 ) -> None:
-    """Write (name, tensor) pairs as safetensors shards of at most `shard_bytes`, plus the index."""
+    """Write in-memory (name, tensor) pairs as HF safetensors shards of at most `max_shard_size`, plus
+    the index when there are several (the streaming writers are in export.py)."""
+    tensors = list(tensors)
+    plan = plan_shards([[TensorSpec.of(n, t) for n, t in tensors]], parse_size(max_shard_size))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
+    writer = ShardWriter(out_dir, plan)
     for name, tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor.detach().contiguous().clone()
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], out_dir / "model.safetensors", metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, out_dir / file, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, file))
-    total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        writer.write(name, tensor)
+    writer.close()
+    write_index(out_dir, plan)

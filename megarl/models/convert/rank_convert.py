@@ -1,6 +1,6 @@
 """The rank program of `megarl convert` (megarl.distributed.rank_program): HF <-> megarl megatron
 checkpoints. Its spec is an argv: `hf-to-mcore --hf DIR --out DIR --tp N --pp N ...` or
-`mcore-to-hf --ckpt DIR --out DIR`."""
+`mcore-to-hf --ckpt PATH --out DIR [--role R] [--max-shard-size S]`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import torch.distributed as dist
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert import mcore_checkpoint as ckpt
-from megarl.models.convert.hf_io import HFCheckpointReader, copy_hf_metadata, write_hf_weights
-from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
+from megarl.models.convert.export import export_checkpoint_hf
+from megarl.models.convert.hf_io import HFCheckpointReader
+from megarl.models.convert.loader import load_hf_into_chunks
+from megarl.models.convert.run_checkpoints import resolve_role_checkpoint
+from megarl.models.convert.safetensors_shards import DEFAULT_MAX_SHARD_SIZE
 from megarl.models.dtypes import DTYPE_NAMES, from_hf_name
 from megarl.models.from_hf import ModelArchitecture
 
@@ -48,20 +51,11 @@ def hf_to_mcore(args: argparse.Namespace) -> dict:
 
 
 def mcore_to_hf(args: argparse.Namespace) -> dict:
-    meta = ckpt.read_meta(args.ckpt)
-    hf_meta_dir = f"{args.ckpt}/hf"
-    arch = ModelArchitecture.from_pretrained(hf_meta_dir)
-    layout = ParallelLayout(world_size=dist.get_world_size())
-    if layout.world_size != 1:
-        raise ValueError("mcore-to-hf runs on one rank (the dist-checkpoint is resharded to TP1/PP1 on load)")
-    layout.initialize()
-    chunks = build_model_chunks(arch, layout, meta["dtype"], padded_vocab=ckpt.padded_vocab_for(meta, layout))
-    ckpt.load_model(chunks, args.ckpt)
-    staging = ckpt.partial_dir(args.out)
-    write_hf_weights(staging, to_hf_tensors(full_megatron_tensors(chunks, arch), arch))
-    copy_hf_metadata(hf_meta_dir, staging)
-    ckpt.finish_write(staging, args.out)
-    return {"out": str(args.out), "from": str(args.ckpt), "dtype": meta["dtype"]}
+    """One process suffices (the CLI calls export_checkpoint_hf directly); kept for rank programs."""
+    ckpt_dir = resolve_role_checkpoint(args.ckpt, args.role)
+    if dist.get_rank() != 0:
+        return {}
+    return export_checkpoint_hf(ckpt_dir, args.out, args.max_shard_size, overwrite=True)
 
 
 def main(argv: list[str]) -> dict:
@@ -79,6 +73,8 @@ def main(argv: list[str]) -> dict:
     to_hf = sub.add_parser("mcore-to-hf")
     to_hf.add_argument("--ckpt", required=True)
     to_hf.add_argument("--out", required=True)
+    to_hf.add_argument("--role", default="actor")
+    to_hf.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE)
     args = parser.parse_args(argv)
 
     start = time.perf_counter()

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 def test_sharded_write_reads_back_exactly(tmp_path):
     tensors = {f"w{i}": torch.randn(64, 64) for i in range(5)}  # 16 KiB each
-    write_hf_weights(tmp_path, tensors.items(), shard_bytes=40_000)
+    write_hf_weights(tmp_path, tensors.items(), max_shard_size=40_000)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 3
     reader = HFCheckpointReader(tmp_path)
