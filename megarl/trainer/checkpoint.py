@@ -22,18 +22,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
+from megarl.models.convert.run_checkpoints import (
+    CHECKPOINTS_DIR,
+    LATEST_FILE,
+    PARTIAL_SUFFIX,
+    CheckpointNotFoundError,
+    complete_steps,
+    resolve_role_checkpoint,
+    step_dir_name,
+)
+
 TRAINER_STATE = "trainer_state.json"
 STATE_VERSION = 1
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class ResumeError(ValueError):
@@ -41,59 +47,37 @@ class ResumeError(ValueError):
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:
-    return Path(output_dir) / CHECKPOINTS
+    return Path(output_dir) / CHECKPOINTS_DIR
 
 
-def step_name(step: int) -> str:
-    return f"step_{step}"
-
-
-def complete_steps(root: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint under `root` (a checkpoints/ dir), oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and entry.is_dir() and (entry / TRAINER_STATE).is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint `root/latest` names; without that file, the newest complete one (None if none)."""
-    pointer = root / LATEST
-    if pointer.is_file():
-        target = root / pointer.read_text().strip()
-        if not (target / TRAINER_STATE).is_file():
-            raise ResumeError(
-                f"{pointer} names {target.name}, which is not a complete checkpoint; point "
-                "trainer.resume at another step directory or use trainer.resume=disable"
-            )
-        return target
-    steps = complete_steps(root)
-    return steps[-1][1] if steps else None
+def step_paths(root: Path) -> list[Path]:
+    """Every complete step directory under `root` (a checkpoints/ directory), oldest first."""
+    return [root / name for name in complete_steps(root)] if root.is_dir() else []
 
 
 def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
-    """The step directory trainer.resume (auto | disable | a path) names, or None to start afresh."""
+    """The step directory trainer.resume (auto | disable | a path) names, or None to start afresh.
+
+    "auto" with no `latest` file takes the newest complete step (a run killed between renaming its
+    first checkpoint into place and writing `latest`), and starts afresh when there is none."""
     if resume == "disable":
         return None
     if resume == "auto":
-        return latest_checkpoint(checkpoints_dir(output_dir))
-    path = Path(resume)
-    if (path / TRAINER_STATE).is_file():
-        return path
-    for root in (path, path / CHECKPOINTS):  # a run's checkpoints/ directory, or the run directory
-        if (root / LATEST).is_file() or complete_steps(root):
-            return latest_checkpoint(root)
-    partial = Path(str(path).rstrip("/") + ".partial")
-    hint = f" (only {partial.name} exists: that save was interrupted)" if partial.exists() else ""
-    raise ResumeError(
-        f"trainer.resume={resume} is not a megarl checkpoint{hint}: expected a step directory with "
-        f"{TRAINER_STATE}, a run's {CHECKPOINTS}/ directory or the run directory; use trainer.resume=auto "
-        "to continue from <output_dir>/checkpoints/latest"
-    )
+        root = checkpoints_dir(output_dir)
+        if not (root / LATEST_FILE).is_file():
+            steps = step_paths(root)
+            return steps[-1] if steps else None
+        resume = str(root)
+    try:
+        step_dir = resolve_role_checkpoint(resume, "actor").parent
+    except CheckpointNotFoundError as e:
+        raise ResumeError(f"trainer.resume={resume}: {e}") from None
+    if not (step_dir / TRAINER_STATE).is_file():
+        raise ResumeError(
+            f"trainer.resume={resume}: {step_dir} is not a training run's checkpoint (no {TRAINER_STATE}); "
+            "name a step directory of a run, e.g. <run>/checkpoints/step_<N>, or use trainer.resume=auto"
+        )
+    return step_dir
 
 
 def read_trainer_state(step_dir: Path) -> dict[str, Any]:
@@ -190,10 +174,10 @@ class RunCheckpoints:
 
     def save(self, step: int, trainer_state: dict[str, Any], config_yaml: str) -> SaveReport:
         start = time.perf_counter()
-        final = self.root / step_name(step)
-        staging = self.root / f"{step_name(step)}.partial"
+        final = self.root / step_dir_name(step)
+        staging = self.root / f"{step_dir_name(step)}{PARTIAL_SUFFIX}"
         if self.is_writer:
-            for stale in self.root.glob("*.partial"):  # interrupted saves of this or an earlier run
+            for stale in self.root.glob(f"*{PARTIAL_SUFFIX}"):  # interrupted saves of this or an earlier run
                 shutil.rmtree(stale, ignore_errors=True)
             staging.mkdir(parents=True)
         self._barrier()
@@ -218,14 +202,14 @@ class RunCheckpoints:
             shutil.rmtree(replaced, ignore_errors=True)
             final.rename(replaced)
         staging.rename(final)
-        _write_atomically(self.root / LATEST, final.name + "\n")
+        _write_atomically(self.root / LATEST_FILE, final.name + "\n")
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
 
     def _prune(self, keep: Path) -> None:
         if self.max_checkpoints is None:
             return
-        steps = [path for _, path in complete_steps(self.root) if path != keep]
+        steps = [path for path in step_paths(self.root) if path != keep]
         for path in steps[: max(0, len(steps) - (self.max_checkpoints - 1))]:
             shutil.rmtree(path, ignore_errors=True)
 

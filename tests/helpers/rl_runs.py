@@ -72,24 +72,13 @@ def megarl_cli(*argv, timeout: float = 600):
 
 
 def greedy_vllm(model_dir: Path, prompt_token_ids: list[list[int]], cfg) -> list[list[int]]:
-    """A fresh vLLM engine's greedy response tokens for each prompt (tests/helpers/greedy_vllm.py),
-    with the run's validation length limits."""
+    """A fresh vLLM engine's greedy response tokens for each prompt (tests/helpers/vllm_greedy.py),
+    with the run's validation length limit, ending at EOS as the trainer's validation does."""
     import json
-    import tempfile
 
     max_tokens = cfg.rollout.val.max_tokens or cfg.data.max_response_length
-    with tempfile.TemporaryDirectory() as tmp:
-        request, out = Path(tmp) / "request.json", Path(tmp) / "out.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "prompt_token_ids": prompt_token_ids,
-                    "max_tokens": max_tokens,
-                    "max_model_len": cfg.data.max_prompt_length + max_tokens,
-                }
-            )
-        )
-        cmd = [sys.executable, "-m", "tests.helpers.greedy_vllm", str(model_dir), str(request), str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(out.read_text())
+    cmd = [sys.executable, "-m", "tests.helpers.vllm_greedy", json.dumps(prompt_token_ids), str(model_dir)]
+    cmd += ["--max-tokens", str(max_tokens), "--stop-at-eos"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])[str(model_dir)]

@@ -19,7 +19,10 @@ from megarl.trainer.checkpoint import (
 
 
 def save(run, step, keep=None):
-    return RunCheckpoints(run, {}, is_writer=True, max_checkpoints=keep).save(step, {"x": step}, "a: 1\n")
+    report = RunCheckpoints(run, {}, is_writer=True, max_checkpoints=keep).save(step, {"x": step}, "a: 1\n")
+    (report.path / "actor").mkdir()  # where the actor workers' checkpoint would be
+    (report.path / "actor" / "megarl_checkpoint.json").write_text("{}")
+    return report
 
 
 def test_a_save_is_published_as_a_step_directory_and_latest_names_it(tmp_path):
@@ -31,12 +34,13 @@ def test_a_save_is_published_as_a_step_directory_and_latest_names_it(tmp_path):
     assert state == {"version": 1, "step": 2, "x": 2}
     assert (root / "step_2" / "config.yaml").read_text() == "a: 1\n"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2"]  # no .partial, no .tmp left
+    assert (root / "step_2" / "actor").is_dir()
 
 
 def test_keep_last_k_deletes_the_oldest_and_never_latest(tmp_path):
     for step in (1, 2, 3, 4):
         save(tmp_path, step, keep=2)
-    assert [s for s, _ in complete_steps(tmp_path / "checkpoints")] == [3, 4]
+    assert complete_steps(tmp_path / "checkpoints") == ["step_3", "step_4"]
     assert resolve_resume("auto", tmp_path) == tmp_path / "checkpoints" / "step_4"
 
 
@@ -45,7 +49,7 @@ def test_an_interrupted_save_never_becomes_latest_and_the_next_save_removes_it(t
     root = tmp_path / "checkpoints"
     (root / "step_4.partial" / "actor").mkdir(parents=True)  # a save killed half way
     assert resolve_resume("auto", tmp_path) == root / "step_2"
-    with pytest.raises(ResumeError, match=r"only step_4.partial exists: that save was interrupted"):
+    with pytest.raises(ResumeError, match=r"never completed \(only .*step_4.partial exists, interrupted\)"):
         resolve_resume(str(root / "step_4"), tmp_path)
     save(tmp_path, 6)
     assert not (root / "step_4.partial").exists()
@@ -54,9 +58,8 @@ def test_an_interrupted_save_never_becomes_latest_and_the_next_save_removes_it(t
 def test_resaving_a_step_after_resuming_from_an_earlier_one_replaces_it(tmp_path):
     save(tmp_path, 2)
     save(tmp_path, 4)
-    RunCheckpoints(tmp_path, {}, is_writer=True).save(4, {"x": 40}, "")
+    save(tmp_path, 4)  # the same step saved again: the new one replaces the old
     root = tmp_path / "checkpoints"
-    assert json.loads((root / "step_4" / "trainer_state.json").read_text())["x"] == 40
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_4"]
 
 
@@ -74,18 +77,21 @@ def test_resume_accepts_a_step_directory_the_checkpoints_directory_or_the_run(tm
 def test_latest_pointing_at_a_missing_checkpoint_is_an_error_naming_it(tmp_path):
     save(tmp_path, 1)
     (tmp_path / "checkpoints" / "latest").write_text("step_9\n")
-    with pytest.raises(ResumeError, match=r"latest names step_9, which is not a complete checkpoint"):
+    with pytest.raises(ResumeError, match=r"latest names step_9, which does not exist"):
         resolve_resume("auto", tmp_path)
 
 
 def test_a_path_that_is_no_checkpoint_is_an_error_saying_what_is_expected(tmp_path):
-    with pytest.raises(ResumeError, match=r"is not a megarl checkpoint.*trainer_state.json"):
+    with pytest.raises(ResumeError, match=r"is not a megarl checkpoint"):
         resolve_resume(str(tmp_path), "elsewhere")
+    (tmp_path / "converted").mkdir()  # `megarl convert hf-to-mcore` output: weights only, no trainer state
+    (tmp_path / "converted" / "megarl_checkpoint.json").write_text("{}")
+    with pytest.raises(ResumeError, match=r"not a training run's checkpoint \(no trainer_state.json\)"):
+        resolve_resume(str(tmp_path / "converted"), "elsewhere")
 
 
 def test_a_trained_role_missing_from_the_checkpoint_is_named(tmp_path):
     step = save(tmp_path, 1).path
-    (step / "actor").mkdir()
     check_resumable(step, ["actor", "ref"])
     with pytest.raises(ResumeError, match=r"no checkpoint of the critic role \(it has: actor\)"):
         check_resumable(step, ["actor", "critic"])

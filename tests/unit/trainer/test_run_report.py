@@ -9,6 +9,7 @@ import pytest
 
 from megarl.config.schema import MegarlConfig
 from megarl.observe.progress import ProgressLog
+from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.rl_trainer import RLTrainer
 
 pytestmark = pytest.mark.unit
@@ -24,6 +25,9 @@ def fit_without_workers(output_dir: Path, crash_at: int | None = None) -> None:
     trainer.roles = SimpleNamespace(shutdown=lambda: None)
     trainer.flow = SimpleNamespace(names=["generate"], describe=lambda: "generate")
     trainer.log = ProgressLog(output_dir, 3, [])
+    trainer.start_step = 0
+    cfg.trainer.save_every = -1
+    trainer.bad_steps = BadStepCounter(max_in_a_row=3)
 
     def train_step(step: int) -> dict[str, float]:
         if step == crash_at:
