@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from megarl.controller.worker import WorkerError
-from megarl.trainer.rl_trainer import BadStepsError, RLTrainer
+from megarl.trainer.bad_steps import BadStepsError
+from megarl.trainer.rl_trainer import RLTrainer
 from tests.helpers.rl_runs import GRPO, assert_same_metrics, greedy_vllm, megarl_cli, megarl_train, run, steps
 from tests.helpers.run_files import jsonl_history
 
