@@ -67,6 +67,17 @@ class _SPMDMethod:
         try:
             outcome = ("ok", self.host.workers[self.role].execute(self.name, my_args, my_kwargs, self.role))
         except RemoteError as e:
+            if _peer_failure(e):  # the others are stuck or gone too: exchanging outcomes would wait again
+                RANK_STATUS.returned()
+                raise WorkerError(
+                    f"{self.role}.{self.name} failed on rank {e.rank} on {e.host} (pid {e.pid}) in a "
+                    f"collective: a peer rank died or did not arrive within "
+                    f"{collective_timeout().total_seconds():g} s (trainer.worker_timeout_s): {e.error}",
+                    self.role,
+                    e.rank,
+                    e.host,
+                    e.pid,
+                ) from None
             outcome = ("error", e)
         RANK_STATUS.returned()
         outcomes = [None] * len(self.rank_infos)
@@ -101,6 +112,20 @@ class _SPMDMethod:
             return CompletedFuture(self(*args, **kwargs))
         except WorkerError as e:
             return CompletedFuture(error=e)
+
+
+# How a collective fails when a peer is dead (gloo: the socket closes) or never arrives (the timeout)
+_PEER_FAILURES = (
+    "DistBackendError",
+    "DistNetworkError",
+    "Timed out waiting",
+    "Connection reset by peer",
+    "Connection closed by peer",
+)
+
+
+def _peer_failure(error: RemoteError) -> bool:
+    return any(mark in error.error for mark in _PEER_FAILURES)
 
 
 class SPMDWorkerGroup(WorkerGroup):

@@ -59,12 +59,18 @@ class PromptSampler:
             yield self.next_indices()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "n_rows": self.n_rows}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["seed"] != self.seed:
             raise ValueError(
                 f"the saved data order used data.seed={state['seed']} but this run has data.seed={self.seed}; "
                 "resume with the same data.seed to continue the same order"
+            )
+        if state.get("n_rows", self.n_rows) != self.n_rows:
+            raise ValueError(
+                f"the saved data position is in a training set of {state['n_rows']} prompts, this run's has "
+                f"{self.n_rows}; resume with the same data.train_files (and data.max_prompt_length), or start "
+                "afresh with trainer.resume=disable"
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

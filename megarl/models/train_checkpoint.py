@@ -235,6 +235,9 @@ def save_train_state(
     if (role_dir / mf.MANIFEST_FILE).exists():  # every rank sees it: they stop together
         raise CheckpointError(f"{role_dir} already holds a complete checkpoint; save into a new directory")
     has_optimizer = train_optimizer is not None and _has_state(train_optimizer)
+    agreed = torch.tensor([int(has_optimizer)], dtype=torch.int64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # the optimizer save is collective: all or none
+    has_optimizer = bool(agreed.item())
     full_meta = {
         **meta,
         "saved_layout": layout.describe(),

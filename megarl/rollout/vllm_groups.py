@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from megarl.distributed.backend import collective_timeout
+
 PINNED_VLLM_VERSION = "0.32.0"
 
 
@@ -54,7 +56,7 @@ def given_tp_groups(groups: list[list[int]]) -> Iterator[None]:
 
     Every vLLM group that would be the consecutive TP partition (the TP group, and the expert-parallel
     groups of an MoE model when vLLM's own DP is 1) becomes `groups`; all other groups are untouched.
-    Use it around the `vllm.LLM(...)` call on every rank, with the same `groups` everywhere.
+    The process groups vLLM creates meanwhile time out after trainer.worker_timeout_s. Use it around the `vllm.LLM(...)` call on every rank, with the same `groups` everywhere.
     """
     check_vllm_version()
     from vllm.distributed import parallel_state
@@ -77,11 +79,19 @@ def given_tp_groups(groups: list[list[int]]) -> Iterator[None]:
             group_ranks = [list(g) for g in groups]
         return original(group_ranks, *args, **kwargs)
 
+    new_group = dist.new_group
+
+    def bounded_group(*args, **kwargs):  # vLLM passes no timeout: bound it by trainer.worker_timeout_s
+        kwargs.setdefault("timeout", collective_timeout())
+        return new_group(*args, **kwargs)
+
     parallel_state.init_model_parallel_group = init_group
+    dist.new_group = bounded_group
     try:
         yield
     finally:
         parallel_state.init_model_parallel_group = original
+        dist.new_group = new_group
 
 
 def engine_tp_ranks() -> list[int]:

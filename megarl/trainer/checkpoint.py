@@ -11,6 +11,8 @@ to resume from.
                              LR schedule, per-rank RNG — `megarl convert mcore-to-hf` reads actor/ directly
       step_8.partial/        a save in progress or one that was interrupted: never resumed from; the next
                              save removes it
+      step_9.superseded/     a checkpoint after the step a later run (re)started from, kept aside:
+                             never resumed from, pruned or overwritten (delete it yourself)
 
 A save writes `step_<N>.partial/` (every rank its shards), renames it to `step_<N>/` once every role has
 returned, and only then points `latest` at it (written to a temporary file and renamed over the old one),
@@ -40,6 +42,8 @@ from megarl.models.convert.run_checkpoints import (
 
 TRAINER_STATE = "trainer_state.json"
 STATE_VERSION = 1
+SUPERSEDED_SUFFIX = ".superseded"  # checkpoints after the step a run resumed from, kept aside
+DELETING_SUFFIX = ".deleting"  # a pruned checkpoint being deleted
 
 
 class ResumeError(ValueError):
@@ -172,12 +176,24 @@ class RunCheckpoints:
         self.groups = {role: g for role, g in groups.items() if g is not None}
         self.is_writer, self.max_checkpoints, self.spmd = is_writer, max_checkpoints, spmd
 
+    def supersede_after(self, step: int) -> list[str]:
+        """Rename the complete checkpoints after `step` (a resumed run's future, or a fresh run's
+        predecessor in the same output_dir) to `step_<N>.superseded`: never resumed from, never pruned,
+        never overwritten; returns their names. Writer only."""
+        later = [path for path in step_paths(self.root) if _step_of(path) > step]
+        for path in later:
+            path.rename(path.with_name(path.name + SUPERSEDED_SUFFIX))
+        if later and (self.root / LATEST_FILE).is_file():
+            _point_latest(self.root)
+        return [path.name for path in later]
+
     def save(self, step: int, trainer_state: dict[str, Any], config_yaml: str) -> SaveReport:
         start = time.perf_counter()
         final = self.root / step_dir_name(step)
         staging = self.root / f"{step_dir_name(step)}{PARTIAL_SUFFIX}"
         if self.is_writer:
-            for stale in self.root.glob(f"*{PARTIAL_SUFFIX}"):  # interrupted saves of this or an earlier run
+            # interrupted saves and interrupted deletions of this or an earlier run
+            for stale in [*self.root.glob(f"*{PARTIAL_SUFFIX}"), *self.root.glob(f"*{DELETING_SUFFIX}")]:
                 shutil.rmtree(stale, ignore_errors=True)
             staging.mkdir(parents=True)
         self._barrier()
@@ -189,35 +205,41 @@ class RunCheckpoints:
             (staging / "config.yaml").write_text(config_yaml)
             state = {"version": STATE_VERSION, "step": step, **trainer_state}
             _write_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2))
-            self._publish(staging, final)
+            if final.exists():  # only if something outside this run made it: keep it, out of the way
+                final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))
+            staging.rename(final)  # complete under its final name ...
+            _write_atomically(self.root / LATEST_FILE, final.name + "\n")  # ... and only then latest
             self._prune(keep=final)
         self._barrier()
         return SaveReport(final, time.perf_counter() - start, written)
-
-    def _publish(self, staging: Path, final: Path) -> None:
-        """staging → final, then `latest` → final: each step a rename, so never half done."""
-        replaced = None
-        if final.exists():  # a run resumed from an earlier step saves this step again
-            replaced = final.with_name(final.name + ".replaced")
-            shutil.rmtree(replaced, ignore_errors=True)
-            final.rename(replaced)
-        staging.rename(final)
-        _write_atomically(self.root / LATEST_FILE, final.name + "\n")
-        if replaced is not None:
-            shutil.rmtree(replaced, ignore_errors=True)
 
     def _prune(self, keep: Path) -> None:
         if self.max_checkpoints is None:
             return
         steps = [path for path in step_paths(self.root) if path != keep]
         for path in steps[: max(0, len(steps) - (self.max_checkpoints - 1))]:
-            shutil.rmtree(path, ignore_errors=True)
+            doomed = path.with_name(path.name + DELETING_SUFFIX)  # never a half-deleted step_<N>/
+            path.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def _barrier(self) -> None:
         if self.spmd:
             import torch.distributed as dist
 
             dist.barrier()
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.removeprefix("step_"))
+
+
+def _point_latest(root: Path) -> None:
+    """`latest` → the newest complete step, or no `latest` when none is left."""
+    steps = step_paths(root)
+    if steps:
+        _write_atomically(root / LATEST_FILE, steps[-1].name + "\n")
+    else:
+        (root / LATEST_FILE).unlink(missing_ok=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:

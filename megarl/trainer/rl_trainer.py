@@ -34,6 +34,7 @@ from megarl.observe.run_files import read_metrics, write_run_files
 from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.checkpoint import (
+    ResumeError,
     RunCheckpoints,
     capture_rng,
     check_resumable,
@@ -84,7 +85,10 @@ class RLTrainer:
         if resumed is not None:
             check_resumable(self.resume_from, enabled_roles(cfg))
             precheck_roles(self.resume_from, cfg, self.total_steps, enabled_roles(cfg))
-            self.loader.load_state_dict(resumed["data"])  # a different data set or data.seed fails here
+            try:
+                self.loader.load_state_dict(resumed["data"])
+            except ValueError as e:  # another data set or data.seed
+                raise ResumeError(f"{self.resume_from}: {e}") from None
         self.start_step = resumed["step"] if resumed is not None else 0
         self.best_val_reward: float | None = None
         self.roles, self.log = roles, None
@@ -115,6 +119,11 @@ class RLTrainer:
             if resumed is not None:
                 with self.log.task(f"resuming from {self.resume_from}"):
                     self._resume(resumed)
+            if self.is_writer and (superseded := self.checkpoints.supersede_after(self.start_step)):
+                self.log.warn(
+                    f"megarl: checkpoints after step {self.start_step} belong to another run's future; kept "
+                    f"aside as {', '.join(n + '.superseded' for n in superseded)} in {self.checkpoints.root}"
+                )
         except BaseException:
             self.close()
             raise
@@ -166,7 +175,7 @@ class RLTrainer:
             return metrics
         except WorkerError as e:  # the group's processes are already stopped
             raise WorkerError(
-                f"step {step}, stage {stage or self.flow.current}: {e}\n{RESUME_ADVICE}",
+                f"step {step}, stage {stage or self.flow.current or 'train_step'}: {e}\n{RESUME_ADVICE}",
                 e.role,
                 e.rank,
                 e.host,
@@ -286,7 +295,8 @@ class RLTrainer:
         self._next_uid = state["next_uid"]
         self.best_val_reward = state["best_val_reward"]
         self.bad_steps.load_state_dict(state["bad_steps"])
-        restore_rng(state["driver_rng"])
+        if self.cfg.trainer.launcher != "torchrun":  # under torchrun the workers restored this process's
+            restore_rng(state["driver_rng"])
         self.log.message(f"megarl: resumed from {self.resume_from} (step {self.start_step} done)")
 
     def _earlier_history(self) -> list[dict[str, float]]:

@@ -124,8 +124,8 @@ def test_ray_run_killed_mid_generate_mid_save_and_fed_nan_losses(rl_setup, tmp_p
        actors are gone; step_1 is latest.
     2. rerun: resumes from step_1; step 2's loss is NaN (skipped, counted, the run goes on); step 3's
        save is killed half way: step_2 stays latest, step_3.partial is left and never picked.
-    3. rerun: resumes from step_2; NaN losses in steps 3 and 4 stop the run after trainer.max_bad_steps=2
-       with a message; the parameters never took a NaN update."""
+    3. rerun: resumes from step_2 (whose bad step is in its saved count); NaN losses in steps 3 and 4
+       make three bad steps in a row: trainer.max_bad_steps=3 stops the run with a message."""
     out = tmp_path / "run"
 
     def config(*extra):
@@ -155,8 +155,8 @@ def test_ray_run_killed_mid_generate_mid_save_and_fed_nan_losses(rl_setup, tmp_p
     assert (out / "checkpoints" / "step_3.partial").is_dir() and not (out / "checkpoints" / "step_3").exists()
 
     monkeypatch.setenv("MEGARL_FAULT", "nan@actor.update#1-2")
-    with pytest.raises(BadStepsError, match=r"steps 3, 4"):
-        run(config("trainer.max_bad_steps=2"))
+    with pytest.raises(BadStepsError, match=r"steps 2, 3, 4: 3 steps in a row"):  # step 2's count was saved
+        run(config("trainer.max_bad_steps=3"))
     history = jsonl_history(out)
     assert sorted(history) == [1, 2, 3, 4]  # step 3 was redone from step_2
     assert history[4]["trainer/bad_steps"] == 3

@@ -14,6 +14,8 @@ staged in `<out>.partial` and renamed into place only once complete.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,10 +25,18 @@ import torch
 import torch.distributed as dist
 
 from megarl.models.convert import llama
+from megarl.models.convert import manifest as mf
 from megarl.models.convert.dist_reader import DistCheckpointReader, checkpoint_megatron_tensors
 from megarl.models.convert.hf_io import copy_hf_metadata
 from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
-from megarl.models.convert.mcore_checkpoint import begin_write, finish_write, partial_dir, read_meta
+from megarl.models.convert.mcore_checkpoint import (
+    CheckpointError,
+    begin_write,
+    finish_write,
+    partial_dir,
+    read_meta,
+)
+from megarl.models.convert.safe_load import no_code_unpickling
 from megarl.models.convert.safetensors_shards import (
     DEFAULT_MAX_SHARD_SIZE,
     ShardWriter,
@@ -121,20 +131,26 @@ def export_checkpoint_hf(
         raise FileExistsError(
             f"{out_dir} already exists; remove it, choose another --out or pass --overwrite"
         )
+    if (ckpt_dir / mf.MANIFEST_FILE).is_file():  # a run's role checkpoint: check it is whole first
+        problems = mf.check_files(ckpt_dir, mf.read_manifest(ckpt_dir))
+        if problems:
+            raise CheckpointError(f"{ckpt_dir} is incomplete or damaged:\n  " + "\n  ".join(problems))
     arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")
-    reader = DistCheckpointReader(ckpt_dir / "model")
-    specs = [
-        TensorSpec.of(n, t)
-        for n, t in to_hf_tensors(checkpoint_megatron_tensors(reader, arch, meta=True), arch)
-    ]
-    plan = plan_shards([specs], parse_size(max_shard_size))
     staging = partial_dir(out_dir)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    writer = ShardWriter(staging, plan)
-    for name, tensor in to_hf_tensors(checkpoint_megatron_tensors(reader, arch), arch):
-        writer.write(name, tensor)
-    writer.close()
+    # DCP's metadata is a pickle: read it (and every tensor record) without running code from the file
+    with no_code_unpickling(), _read_errors(ckpt_dir):
+        reader = DistCheckpointReader(ckpt_dir / "model")
+        specs = [
+            TensorSpec.of(n, t)
+            for n, t in to_hf_tensors(checkpoint_megatron_tensors(reader, arch, meta=True), arch)
+        ]
+        plan = plan_shards([specs], parse_size(max_shard_size))
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        writer = ShardWriter(staging, plan)
+        for name, tensor in to_hf_tensors(checkpoint_megatron_tensors(reader, arch), arch):
+            writer.write(name, tensor)
+        writer.close()
     write_index(staging, plan)
     copy_hf_metadata(ckpt_dir / "hf", staging)
     if out_dir.exists():
@@ -148,3 +164,15 @@ def export_checkpoint_hf(
         "bytes": plan.index()["metadata"]["total_size"],
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+@contextlib.contextmanager
+def _read_errors(ckpt_dir: Path) -> Iterator[None]:
+    """A checkpoint that cannot be read becomes a CheckpointError naming it (no deep DCP traceback)."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
+        raise CheckpointError(
+            f"{ckpt_dir} cannot be read as a megarl checkpoint ({type(e).__name__}: {e}); "
+            "export an earlier checkpoint or convert again"
+        ) from None

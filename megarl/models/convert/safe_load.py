@@ -29,6 +29,8 @@ _BUILTINS = {
     ("builtins", "set"),
     ("builtins", "frozenset"),
     ("builtins", "slice"),
+    ("pathlib", "PosixPath"),  # DCP's storage_meta.checkpoint_id when the writer was given a Path
+    ("pathlib", "PurePosixPath"),
 }
 _DATA_MODULES = ("torch.distributed.checkpoint.", "megatron.core.dist_checkpointing.")
 

@@ -38,7 +38,7 @@ def test_resume_mid_epoch_continues_the_same_batches():
     run = PromptSampler(10, 3, seed=7)
     take(run, 2)
     state = run.state_dict()
-    assert state == {"epoch": 0, "position": 6, "seed": 7}
+    assert state == {"epoch": 0, "position": 6, "seed": 7, "n_rows": 10}
     expected = take(run, 4)
     resumed = PromptSampler(10, 3, seed=7)
     resumed.load_state_dict(state)
@@ -73,3 +73,9 @@ def test_loader_batches_epochs_and_resumes(tmp_path, tokenizer):
     again = PromptLoader.from_config(cfg, loader.dataset)
     again.load_state_dict(state)
     assert again.next_batch()["index"].tolist() == following
+
+
+def test_resume_into_another_training_set_is_refused():
+    state = PromptSampler(10, 3, seed=7).state_dict()
+    with pytest.raises(ValueError, match="a training set of 10 prompts, this run's has 12"):
+        PromptSampler(12, 3, seed=7).load_state_dict(state)

@@ -55,12 +55,18 @@ def test_an_interrupted_save_never_becomes_latest_and_the_next_save_removes_it(t
     assert not (root / "step_4.partial").exists()
 
 
-def test_resaving_a_step_after_resuming_from_an_earlier_one_replaces_it(tmp_path):
-    save(tmp_path, 2)
-    save(tmp_path, 4)
-    save(tmp_path, 4)  # the same step saved again: the new one replaces the old
+def test_a_resumed_run_keeps_the_checkpoints_after_its_step_aside(tmp_path):
+    for step in (2, 4, 6):
+        save(tmp_path, step)
     root = tmp_path / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_4"]
+    checkpoints = RunCheckpoints(tmp_path, {}, is_writer=True, max_checkpoints=2)
+    assert checkpoints.supersede_after(2) == ["step_4", "step_6"]  # resumed from step_2
+    assert (root / "latest").read_text() == "step_2\n"
+    assert resolve_resume("auto", tmp_path) == root / "step_2"
+    for step in (3, 4, 5):
+        save(tmp_path, step, keep=2)
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["latest", "step_4", "step_4.superseded", "step_5", "step_6.superseded"]
 
 
 def test_resume_accepts_a_step_directory_the_checkpoints_directory_or_the_run(tmp_path):
