@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from megarl.models.convert.hf_io import HFCheckpointReader
+from megarl.models.convert.manifest import write_manifest
 
 pytestmark = pytest.mark.multiproc
 
@@ -35,7 +36,7 @@ def as_run_checkpoint(role_dir: Path) -> Path:
         (role_dir / extra).mkdir()
         (role_dir / extra / "junk.pt").write_bytes(b"not weights")
     (role_dir / "scheduler.json").write_text("{}")
-    (role_dir / "manifest.json").write_text("{}")
+    write_manifest(role_dir)  # the export checks every file against it
     checkpoints = role_dir.parent.parent
     (checkpoints / "step_5.partial" / "actor").mkdir(parents=True)
     (checkpoints / "latest").write_text("step_3\n")

@@ -64,3 +64,26 @@ def test_export_refuses_an_existing_output(tiny_models, tmp_path):
     (tmp_path / "hf").mkdir()
     with pytest.raises(FileExistsError, match="already exists"):
         export_checkpoint_hf(ckpt, tmp_path / "hf")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_truncated_shard_or_a_code_carrying_metadata_is_refused_by_name(tiny_models, tmp_path):
+    import os
+    import pickle
+
+    from megarl.models.convert.manifest import write_manifest
+    from megarl.models.convert.mcore_checkpoint import CheckpointError
+
+    ckpt = fake_megatron_checkpoint(tiny_models["llama"], tmp_path / "ckpt")
+    write_manifest(ckpt)  # as a run's role checkpoint has
+    shard = next((ckpt / "model").glob("*.distcp"))
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=rf"{shard.name} is truncated or altered"):
+        export_checkpoint_hf(ckpt, tmp_path / "hf")
+    shard.write_bytes(data)
+    (ckpt / "manifest.json").unlink()
+    (ckpt / "model" / ".metadata").write_bytes(pickle.dumps(os.system))  # would run code if unpickled
+    with pytest.raises(CheckpointError, match=r"cannot be read.*refusing to load posix.system"):
+        export_checkpoint_hf(ckpt, tmp_path / "hf2")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "hf2").exists()
