@@ -54,7 +54,7 @@ def _relaunch_with_torchrun(cfg, argv: list[str]) -> int:
 def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None = None) -> int:
     """Run the torchrun command `cmd` whose ranks keep status files in `status_dir`; on failure print
     the post-mortem. Returns the exit code."""
-    from megarl.controller.rank_status import post_mortem
+    from megarl.controller.rank_status import post_mortem, read_statuses
     from megarl.distributed.launch import supervise
 
     shutil.rmtree(status_dir, ignore_errors=True)  # a previous run's files would mislead the post-mortem
@@ -63,14 +63,18 @@ def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None
     except KeyboardInterrupt:  # torchrun got the signal too and stops its ranks
         print("megarl: interrupted", file=sys.stderr)
         return 130
-    if job.returncode != 0:
-        message = post_mortem(status_dir, job.returncode, job.output_tail, timeout_s)
+    returncode = job.returncode
+    if returncode == 0 and any(s.get("state") != "done" for s in read_statuses(status_dir)):
+        returncode = 1  # a rank failed or died although torchrun reported success (seen when a rank
+        # exits with its error before torchrun notices that a peer was killed)
+    if returncode != 0:
+        message = post_mortem(status_dir, returncode, job.output_tail, timeout_s)
         if job.leftovers:
             message += (
                 f"\nstopped {len(job.leftovers)} process(es) the job left behind: {', '.join(job.leftovers)}"
             )
         print(f"megarl train: {message}", file=sys.stderr)
-    return job.returncode
+    return returncode
 
 
 def run(config: str, overrides: list[str], sft: bool = False) -> int:

@@ -18,8 +18,9 @@ GRPO_CONFIG = REPO / "configs" / "quickstart_grpo.yaml"
 LOGPROB_TOLERANCE = 2e-5  # engine vs recomputed log-probs after every weight sync, fp32 (DESIGN §6)
 # 32 prompts × 8 samples a step: the step-to-step spread of the mean reward is ≈ 0.03
 GRPO = ("data.train_batch_size=32", "algorithm.ppo_mini_batch_size=32")
-# what differs between two runs of the same steps: wall-clock measurements
-TIMING_PREFIXES = ("timing/", "throughput/", "step_seconds")
+# what differs between two runs of the same steps: wall-clock measurements, and checkpoint sizes (their
+# metadata holds the run's paths)
+NOT_COMPARED = ("timing/", "throughput/", "step_seconds", "checkpoint/")
 
 
 def run(cfg) -> tuple[list[dict], list[torch.Tensor]]:
@@ -47,9 +48,9 @@ def megarl_train(overrides: list[str], env: dict | None = None, timeout: float =
 
 
 def assert_same_metrics(expected: dict, actual: dict, rel: float = 0.0, abs_: float = 0.0) -> list[str]:
-    """Every metric of `expected` but the timings equals `actual`'s (exactly by default); returns the
+    """Every metric of `expected` but NOT_COMPARED's equals `actual`'s (exactly by default); returns the
     keys compared."""
-    compared = [k for k in expected if k != "step" and not k.startswith(TIMING_PREFIXES)]
+    compared = [k for k in expected if k != "step" and not k.startswith(NOT_COMPARED)]
     for key in compared:
         assert key in actual, key
         if rel or abs_:
