@@ -37,8 +37,6 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # a killed actor's own children (e.g. the Manager a dist-checkpoint save spawns) end with it
-    os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
     quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
     try:
         ray.init(address="auto", **quiet)

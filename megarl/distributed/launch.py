@@ -4,6 +4,7 @@ supervise a torchrun job so that nothing it started outlives it (`megarl train t
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +53,9 @@ def supervise(cmd: list[str], env: dict[str, str], tail_bytes: int = 65536) -> S
     import psutil
 
     _become_subreaper()
+    # exit codes need SIGCHLD at its default: an ignored SIGCHLD (inherited, e.g. from a Ray worker with
+    # kill_child_processes_on_worker_exit_with_raylet_subreaper) auto-reaps and every child "exits 0"
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
     tail = bytearray()

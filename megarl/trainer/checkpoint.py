@@ -72,6 +72,8 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
             steps = step_paths(root)
             return steps[-1] if steps else None
         resume = str(root)
+    if (Path(resume) / TRAINER_STATE).is_file():  # a step directory, under whatever name
+        return Path(resume)
     try:
         step_dir = resolve_role_checkpoint(resume, "actor").parent
     except CheckpointNotFoundError as e:
