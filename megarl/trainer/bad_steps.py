@@ -3,6 +3,8 @@
 The optimizer never applies a non-finite update (`megarl.models.optimizer.TrainOptimizer.step`); the
 trained roles report how many they skipped per call as `<role>/bad_updates`. A step with any is bad.
 `trainer/bad_steps` counts them over the run; `trainer.max_bad_steps` in a row raise `BadStepsError`.
+Only the non-finite update is skipped: a step's other mini-batches and roles, the KL controller and the
+data position still advance (the step is not replayed).
 """
 
 from __future__ import annotations
