@@ -1,0 +1,148 @@
+"""Cross-field checks of `algorithm.*` (estimator, losses, KL, rollout correction, PF-PPO): part of
+`megarl.config.validate.validate`, each problem a line naming the key, what is wrong and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS, ESTIMATOR_TRAITS, GROUP_ESTIMATORS
+from megarl.algorithms.loss_traits import LOSS_PARAMS
+from megarl.config.errors import at_least, in_range
+from megarl.config.schema import MegarlConfig
+
+_GRPO_ESTIMATORS = ("grpo", "drgrpo")  # what algorithm.name=grpo allows
+RL_ALGORITHMS = ("ppo", "grpo")
+
+
+def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
+    a = cfg.algorithm
+    val = cfg.rollout.val
+    if a.adv_estimator == "remax" and (val.n != 1 or val.temperature != 0):
+        problems.append(
+            f"algorithm.adv_estimator=remax takes its baseline from the greedy response (rollout.val sampling), "
+            f"but rollout.val.n={val.n}, rollout.val.temperature={val.temperature}; set rollout.val.n=1 and "
+            "rollout.val.temperature=0"
+        )
+    if a.filter_groups.enable:
+        at_least(
+            problems,
+            "algorithm.filter_groups.max_num_gen_batches",
+            a.filter_groups.max_num_gen_batches,
+            1,
+            "e.g. 10",
+        )
+        if cfg.rollout.n < 2:
+            problems.append(
+                f"algorithm.filter_groups.enable=true compares the samples of a prompt, but rollout.n={cfg.rollout.n}; "
+                "set rollout.n >= 2 (e.g. 8) or algorithm.filter_groups.enable=false"
+            )
+    if a.name == "grpo" and a.adv_estimator not in _GRPO_ESTIMATORS:
+        problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} contradicts algorithm.name=grpo (which uses "
+            f"{' or '.join(_GRPO_ESTIMATORS)}); remove adv_estimator or set algorithm.name=ppo"
+        )
+    if a.name in RL_ALGORITHMS and a.adv_estimator in CRITIC_ESTIMATORS and not cfg.critic.enable:
+        problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} needs a value model but critic.enable=false; "
+            "set critic.enable=true or use a critic-free estimator: algorithm.adv_estimator=grpo, drgrpo, "
+            "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or remax"
+        )
+    if a.name in RL_ALGORITHMS and a.adv_estimator in GROUP_ESTIMATORS and cfg.rollout.n < 2:
+        problems.append(
+            f"rollout.n={cfg.rollout.n} but algorithm.adv_estimator={a.adv_estimator} compares the samples of "
+            "each prompt; set rollout.n ≥ 2 (e.g. 8)"
+        )
+    for flag in ("use_kl_in_reward", "use_kl_loss"):
+        if getattr(a, flag) and not cfg.ref.enable:
+            problems.append(
+                f"algorithm.{flag}=true needs the reference model but ref.enable=false; "
+                f"set ref.enable=true or algorithm.{flag}=false"
+            )
+    r = cfg.reward
+    if r.enable and r.backend == "hf" and (r.parallel.tp, r.parallel.pp, r.parallel.cp) != (1, 1, 1):
+        problems.append(
+            f"reward.backend=hf runs the classifier data-parallel only, but reward.parallel has tp={r.parallel.tp}, "
+            f"pp={r.parallel.pp}, cp={r.parallel.cp}; set them to 1 or use reward.backend=megatron"
+        )
+    if r.enable and r.backend == "megatron" and r.kind != "classifier":
+        problems.append(
+            f"reward.kind={r.kind} needs reward.backend=hf (a sentence-embedding model runs in transformers)"
+        )
+    if cfg.reward.enable and not cfg.reward.model_path:
+        problems.append(
+            "reward.enable=true but reward.model_path is not set; set reward.model_path=/path/to/reward_model "
+            "or reward.enable=false to use rule rewards"
+        )
+    for name in ("gamma", "lam"):
+        value = getattr(a, name)
+        in_range(problems, f"algorithm.{name}", value, "[0, 1]", 0 <= value <= 1, "e.g. 1.0")
+    at_least(problems, "algorithm.kl_coef", a.kl_coef, 0, "e.g. 0.001, or 0 for no KL")
+    at_least(problems, "algorithm.kl_loss_coef", a.kl_loss_coef, 0, "e.g. 0.001, or 0 for no KL loss")
+    own = LOSS_PARAMS[a.policy_loss]
+    for key in sorted(set(a.policy_loss_params) - set(own)):
+        takes = f"it takes {', '.join(own)}" if own else "it takes no parameters"
+        problems.append(
+            f"algorithm.policy_loss_params.{key} is not a parameter of algorithm.policy_loss={a.policy_loss} "
+            f"({takes}); remove it or pick the loss it belongs to"
+        )
+    _check_rollout_correction(a.rollout_correction, problems)
+    if a.rollout_correction.bypass_mode and ESTIMATOR_TRAITS[a.adv_estimator].needs_sum_pi_squared:
+        problems.append(
+            f"algorithm.adv_estimator={a.adv_estimator} needs the actor's Σπ² per token, which its log-prob "
+            "pass computes, but algorithm.rollout_correction.bypass_mode=true skips that pass; set "
+            "bypass_mode=false or pick another estimator"
+        )
+    if a.pf_ppo.enable:
+        at_least(problems, "algorithm.pf_ppo.weight_pow", a.pf_ppo.weight_pow, 0, "e.g. 2.0")
+    ok = 0 < a.clip_ratio_low < 1
+    in_range(problems, "algorithm.clip_ratio_low", a.clip_ratio_low, "(0, 1)", ok, "e.g. 0.2")
+    if a.clip_ratio_high <= 0:
+        problems.append(f"algorithm.clip_ratio_high={a.clip_ratio_high} must be > 0; e.g. 0.2 (or 0.28)")
+    if a.clip_ratio_c is not None and a.clip_ratio_c <= 1:
+        problems.append(
+            f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (dual clip caps the loss of negative-advantage "
+            "tokens at clip_ratio_c·|A|); e.g. 3.0, or null to disable dual clip"
+        )
+    if a.kl_ctrl == "adaptive":
+        if not a.use_kl_in_reward:
+            problems.append(
+                "algorithm.kl_ctrl=adaptive steers the in-reward KL coefficient but algorithm.use_kl_in_reward="
+                "false; set algorithm.use_kl_in_reward=true or algorithm.kl_ctrl=fixed"
+            )
+        if a.kl_target <= 0:
+            problems.append(f"algorithm.kl_target={a.kl_target} must be > 0; e.g. 0.1")
+        at_least(problems, "algorithm.kl_horizon", a.kl_horizon, 1, "e.g. 10000")
+    if a.value_clip <= 0:
+        problems.append(f"algorithm.value_clip={a.value_clip} must be > 0; e.g. 0.5")
+    at_least(problems, "algorithm.entropy_coeff", a.entropy_coeff, 0, "e.g. 0")
+    at_least(problems, "algorithm.ppo_epochs", a.ppo_epochs, 1, "e.g. 1")
+    at_least(problems, "algorithm.ppo_mini_batch_size", a.ppo_mini_batch_size, 1, "e.g. 16 prompts")
+
+
+def _check_rollout_correction(rc: Any, problems: list[str]) -> None:
+    key = "algorithm.rollout_correction"
+    if rc.rollout_is is not None and rc.rollout_is_threshold <= 1:
+        problems.append(
+            f"{key}.rollout_is_threshold={rc.rollout_is_threshold} must be > 1 (IS weights are truncated "
+            "at it); e.g. 2.0"
+        )
+    if rc.rollout_rs is not None:
+        upper, lower = rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower
+        if upper is None or upper <= 1:
+            problems.append(
+                f"{key}.rollout_rs={rc.rollout_rs} keeps ratios up to {key}.rollout_rs_threshold, which is "
+                f"{upper}; set it > 1, e.g. {key}.rollout_rs_threshold=2.0"
+            )
+        elif lower is not None and not 0 < lower < upper:
+            problems.append(
+                f"{key}.rollout_rs_threshold_lower={lower} must be in (0, rollout_rs_threshold={upper}); "
+                "e.g. 0.5, or null for 1 / rollout_rs_threshold"
+            )
+    veto = rc.rollout_token_veto_threshold
+    if veto is not None and not 0 < veto < 1:
+        problems.append(f"{key}.rollout_token_veto_threshold={veto} must be in (0, 1); e.g. 1e-4, or null")
+    if rc.bypass_mode and (rc.rollout_is is not None or rc.rollout_rs is not None):
+        problems.append(
+            f"{key}.bypass_mode=true uses the engine's log-probs as the old ones, so the IS ratio would be 1; "
+            f"unset {key}.rollout_is and {key}.rollout_rs, or set bypass_mode=false"
+        )
