@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megarl.atomic_write import write_text_atomically
+
 STATUS_DIR = "status"
 RESUME_ADVICE = "rerun the same command to resume from the last checkpoint (trainer.resume=auto)"
 
@@ -73,9 +75,7 @@ class RankStatus:
         if self.path is None:
             return
         self.fields["updated"] = time.time()
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.fields))
-        os.replace(tmp, self.path)  # a reader never sees half a file
+        write_text_atomically(self.path, json.dumps(self.fields))  # a reader never sees half a file
 
 
 RANK_STATUS = RankStatus()

@@ -33,6 +33,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from megarl.atomic_write import write_text_atomically
+
 # How long wandb may try to reach its server before megarl logs offline (WANDB_INIT_TIMEOUT overrides).
 WANDB_INIT_TIMEOUT_S = 30.0
 
@@ -66,9 +68,7 @@ class JsonlSink:
                 step = _step_of(line)
                 if step is not None and step <= resume_step:
                     kept.append(line + "\n")
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, "".join(kept))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}

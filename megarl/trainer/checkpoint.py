@@ -23,13 +23,13 @@ every node (as for any megatron checkpoint).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megarl.atomic_write import write_text_atomically
 from megarl.models.convert.run_checkpoints import (
     CHECKPOINTS_DIR,
     LATEST_FILE,
@@ -206,11 +206,13 @@ class RunCheckpoints:
         if self.is_writer:
             (staging / "config.yaml").write_text(config_yaml)
             state = {"version": STATE_VERSION, "step": step, **trainer_state}
-            _write_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2))
+            write_text_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2), durable=True)
             if final.exists():  # only if something outside this run made it: keep it, out of the way
                 final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))
             staging.rename(final)  # complete under its final name ...
-            _write_atomically(self.root / LATEST_FILE, final.name + "\n")  # ... and only then latest
+            write_text_atomically(
+                self.root / LATEST_FILE, final.name + "\n", durable=True
+            )  # ... and only then latest
             self._prune(keep=final)
         self._barrier()
         return SaveReport(final, time.perf_counter() - start, written)
@@ -239,15 +241,6 @@ def _point_latest(root: Path) -> None:
     """`latest` → the newest complete step, or no `latest` when none is left."""
     steps = step_paths(root)
     if steps:
-        _write_atomically(root / LATEST_FILE, steps[-1].name + "\n")
+        write_text_atomically(root / LATEST_FILE, steps[-1].name + "\n", durable=True)
     else:
         (root / LATEST_FILE).unlink(missing_ok=True)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from megarl.distributed.layout import ParallelLayout
+from megarl.models.convert.run_checkpoints import META_FILE, PARTIAL_SUFFIX
 
-META_FILE = "megarl_checkpoint.json"
 FORMAT_VERSION = 1
 
 
@@ -30,7 +30,7 @@ class CheckpointError(ValueError):
 
 
 def partial_dir(out_dir: str | Path) -> Path:
-    return Path(str(out_dir).rstrip("/") + ".partial")
+    return Path(str(out_dir).rstrip("/") + PARTIAL_SUFFIX)
 
 
 def begin_write(out_dir: str | Path, overwrite: bool = False) -> Path:

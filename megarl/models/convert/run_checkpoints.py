@@ -17,8 +17,8 @@ from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
-META_FILE = "megarl_checkpoint.json"  # mcore_checkpoint.META_FILE (not imported: it pulls in torch)
-PARTIAL_SUFFIX = ".partial"  # mcore_checkpoint.partial_dir
+META_FILE = "megarl_checkpoint.json"  # a megarl checkpoint directory's metadata (mcore_checkpoint)
+PARTIAL_SUFFIX = ".partial"  # a directory being written, renamed into place when complete
 _STEP = re.compile(r"^step_(\d+)$")
 
 
