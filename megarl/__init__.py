@@ -23,6 +23,12 @@ _EXPORTS = {
     "WorkerError": "megarl.controller.worker",
     "RLTrainer": "megarl.trainer.rl_trainer",
     "SFTTrainer": "megarl.trainer.sft",
+    "PreferenceTrainer": "megarl.trainer.preference",
+    "DPOTrainer": "megarl.trainer.preference",
+    "IPOTrainer": "megarl.trainer.preference",
+    "KTOTrainer": "megarl.trainer.preference",
+    "ORPOTrainer": "megarl.trainer.preference",
+    "SimPOTrainer": "megarl.trainer.preference",
     "Dataflow": "megarl.trainer.dataflow",
     "Stage": "megarl.trainer.dataflow",
 }
@@ -35,6 +41,12 @@ __all__ = [
     "ParallelLayout",
     "RLTrainer",
     "SFTTrainer",
+    "PreferenceTrainer",
+    "DPOTrainer",
+    "IPOTrainer",
+    "KTOTrainer",
+    "ORPOTrainer",
+    "SimPOTrainer",
     "Stage",
     "Dataflow",
     "Worker",
@@ -53,6 +65,14 @@ if TYPE_CHECKING:
     from megarl.distributed.layout import ParallelLayout
     from megarl.protocol import Batch
     from megarl.trainer.dataflow import Dataflow, Stage
+    from megarl.trainer.preference import (
+        DPOTrainer,
+        IPOTrainer,
+        KTOTrainer,
+        ORPOTrainer,
+        PreferenceTrainer,
+        SimPOTrainer,
+    )
     from megarl.trainer.rl_trainer import RLTrainer
     from megarl.trainer.sft import SFTTrainer
 

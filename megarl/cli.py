@@ -7,6 +7,7 @@ megarl convert mcore-to-hf --ckpt CKPT|STEP|RUN [--role R] --out DIR [--max-shar
 megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
 megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
 megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
+megarl dpo|ipo|kto|orpo|simpo CONFIG [...]    offline preference training, writes an HF checkpoint
 megarl data make TASK --out DIR               a locally generated verifiable task, in verl's schema
 megarl quickstart [--out DIR]                 tiny model -> SFT warm-start -> GRPO, on 2 CPU processes
 megarl parity-check [--out DIR]               Megatron vs transformers at 4 layouts, checkpoint round trip
@@ -180,7 +181,7 @@ def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from megarl.train import run
 
-    return run(args.config, args.overrides, sft=args.command == "sft")
+    return run(args.config, args.overrides, job=args.command)
 
 
 def cmd_data_make(args: argparse.Namespace) -> int:
@@ -308,7 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint_arguments(bench_checkpoint)
     bench_checkpoint.set_defaults(func=cmd_bench_checkpoint)
 
-    for name, what in (("train", "RL training"), ("sft", "supervised fine-tuning")):
+    from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS
+
+    jobs = [("train", "RL training"), ("sft", "supervised fine-tuning")]
+    jobs += [(name, f"offline preference training with {name.upper()}") for name in PREFERENCE_ALGORITHMS]
+    for name, what in jobs:
         job = sub.add_parser(name, help=f"{what} from a YAML config")
         job.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
         job.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")

@@ -1,4 +1,5 @@
-"""Run the RL trainer (or SFT) from a config: `megarl train` / `megarl sft`, and the torchrun entry.
+"""Run a trainer from a config: `megarl train` (RL), `megarl sft`, `megarl dpo|ipo|kto|orpo|simpo`
+(preference training), and the torchrun entry.
 
     megarl train configs/quickstart_grpo.yaml rollout.n=8                   # trainer.launcher=ray (default)
     torchrun --nproc_per_node 2 -m megarl.train CONFIG trainer.launcher=torchrun ...   # SPMD, no Ray
@@ -77,8 +78,11 @@ def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None
     return returncode
 
 
-def run(config: str, overrides: list[str], sft: bool = False) -> int:
-    """Load and check the config, then train; returns the exit code."""
+JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo")  # `train` = RL; the others set algorithm.name
+
+
+def run(config: str, overrides: list[str], job: str = "train") -> int:
+    """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
     from megarl.controller import faults
@@ -93,12 +97,14 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     from megarl.trainer.dataflow import DataflowError
     from megarl.trainer.rl_stages import DynamicSamplingError
 
-    argv = [config, *overrides] + (["--sft"] if sft else [])
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}; use one of {', '.join(JOBS)}")
+    argv = [config, *overrides, "--job", job]
     try:
-        cfg = load_config(config, ["algorithm.name=sft", *overrides] if sft else overrides)
+        cfg = load_config(config, overrides if job == "train" else [f"algorithm.name={job}", *overrides])
         faults.active()  # a bad MEGARL_FAULT fails here, not inside a worker
     except (ConfigError, FileNotFoundError, faults.FaultSpecError) as e:
-        print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
+        print(f"megarl {job}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if cfg.trainer.launcher == "torchrun" and not _under_torchrun():
         return _relaunch_with_torchrun(cfg, argv)
@@ -108,10 +114,14 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
     if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
         RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
     try:
-        if sft:
+        if job == "sft":
             from megarl.trainer.sft import SFTTrainer
 
             SFTTrainer(cfg).fit()
+        elif job != "train":
+            from megarl.trainer.preference import PreferenceTrainer
+
+            PreferenceTrainer(cfg).fit()
         else:
             from megarl.trainer.rl_trainer import RLTrainer
 
@@ -126,11 +136,11 @@ def run(config: str, overrides: list[str], sft: bool = False) -> int:
         OSError,
     ) as e:
         RANK_STATUS.finish(e)
-        print(f"megarl {'sft' if sft else 'train'}: error: {e}", file=sys.stderr)
+        print(f"megarl {job}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (WorkerError, DynamicSamplingError, BadStepsError) as e:  # every worker process is already stopped
         RANK_STATUS.finish(e)
-        print(f"megarl {'sft' if sft else 'train'}: {e}", file=sys.stderr)
+        print(f"megarl {job}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         RANK_STATUS.finish(e)
@@ -147,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m megarl.train")
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--sft", action="store_true", help="supervised fine-tuning instead of RL")
+    parser.add_argument("--job", choices=JOBS, default="train", help="what to run (default: RL training)")
     args = parser.parse_args(argv)
-    return run(args.config, args.overrides, sft=args.sft)
+    return run(args.config, args.overrides, job=args.job)
 
 
 if __name__ == "__main__":

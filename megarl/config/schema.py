@@ -19,7 +19,8 @@ from megarl.distributed.layout import LayoutKeys, ParallelLayout
 # workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
 Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
-AlgorithmName = Literal["ppo", "grpo", "dpo", "sft"]
+AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo"]
+PreferenceAlgorithm = Literal["dpo", "ipo", "kto", "orpo", "simpo"]
 AdvEstimator = Literal[
     "gae",
     "grpo",
@@ -107,7 +108,9 @@ class RoleConfig:
 
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # this role's Megatron layout
     n_devices: int | None = None  # devices (processes) of the cluster this role uses; None = all
-    micro_batch_size: int = 1  # sequences per forward/backward micro-batch on each data-parallel rank
+    # sequences per forward/backward micro-batch on each data-parallel rank; in paired preference training
+    # (dpo, ipo, orpo, simpo) a training micro-batch holds this many PAIRS (2× sequences), as in TRL
+    micro_batch_size: int = 1
     # token budget per micro-batch: whole sequences are packed into one row of at most this many tokens
     # (no padding; THD layout where Transformer Engine runs). None = micro_batch_size padded sequences
     max_tokens_per_micro_batch: int | None = None
@@ -137,7 +140,8 @@ class RefConfig:
     """The frozen reference policy. It lives in the actor's processes (colocated), so it always uses
     the actor's parallel layout and devices; only its batching and offloading are its own."""
 
-    enable: bool | None = None  # None = auto: on when a KL term is used (use_kl_in_reward or use_kl_loss)
+    # None = auto: on when a KL term is used (use_kl_in_reward or use_kl_loss) and for dpo, ipo and kto
+    enable: bool | None = None
     micro_batch_size: int = 1  # sequences per log-prob forward on each data-parallel rank
     max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch; None = micro_batch_size
     offload_params: bool = False  # keep parameters in CPU memory between uses
@@ -308,7 +312,9 @@ class PfPpoConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: AlgorithmName = "ppo"  # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "dpo" | "sft"
+    # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "sft" | offline preference training:
+    # "dpo" | "ipo" | "kto" | "orpo" | "simpo" (see `preference.*`; the `megarl <name>` commands set it)
+    name: AlgorithmName = "ppo"
     # how advantages are estimated (megarl.algorithms.advantages): "gae" (needs the critic) | "grpo" |
     # "drgrpo" (GRPO without the std division) | "rloo" | "reinforce_plus_plus" |
     # "reinforce_plus_plus_baseline" | "remax" (baseline = the greedy response's score) |
@@ -368,6 +374,24 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig)  # PF-PPO reward-weighted resampling
+
+
+@dataclass
+class PreferenceConfig:
+    """Offline preference training (`megarl dpo|ipo|kto|orpo|simpo`, megarl.algorithms.preference). One
+    optimizer step per data.train_batch_size pairs (KTO: examples); the loss is the mean over them."""
+
+    # the β of DPO/IPO/KTO/SimPO (IPO's τ) and ORPO's λ (the odds-ratio weight); None = auto: 2.0 for
+    # simpo (the SimPO paper's range is 2–2.5), else 0.1 (TRL's defaults)
+    beta: float | None = None
+    # dpo, simpo: conservative-DPO label smoothing ε (the chance a label is flipped), in [0, 0.5)
+    label_smoothing: float = 0.0
+    simpo_gamma: float = 0.5  # simpo: target reward margin γ, in reward units (TRL's simpo_gamma)
+    desirable_weight: float = 1.0  # kto: λ_D, the weight of desirable examples' losses
+    undesirable_weight: float = 1.0  # kto: λ_U, the weight of undesirable examples' losses
+    # dpo, ipo, kto: compute the reference log-probs of the whole data set in one pass before training
+    # and keep them (then the reference model is offloaded), instead of a reference forward per batch
+    precompute_ref: bool = False
 
 
 @dataclass
@@ -433,6 +457,7 @@ class MegarlConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 

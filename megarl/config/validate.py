@@ -18,7 +18,12 @@ from megarl.algorithms.loss_traits import SEQUENCE_MEAN_LOSSES
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.schema import MegarlConfig, OptimizerConfig
-from megarl.config.validate_algorithm import RL_ALGORITHMS, check_algorithm
+from megarl.config.validate_algorithm import (
+    PREFERENCE_ALGORITHMS,
+    REFERENCE_ALGORITHMS,
+    RL_ALGORITHMS,
+    check_algorithm,
+)
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
 
@@ -40,7 +45,9 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
     if cfg.critic.enable is None:
         cfg.critic.enable = algo.name in RL_ALGORITHMS and algo.adv_estimator in CRITIC_ESTIMATORS
     if cfg.ref.enable is None:
-        cfg.ref.enable = algo.use_kl_in_reward or algo.use_kl_loss or algo.name == "dpo"
+        cfg.ref.enable = algo.use_kl_in_reward or algo.use_kl_loss or algo.name in REFERENCE_ALGORITHMS
+    if cfg.preference.beta is None:
+        cfg.preference.beta = 2.0 if algo.name == "simpo" else 0.1
     if cfg.reward.enable is None:
         cfg.reward.enable = cfg.reward.model_path is not None
     return cfg
@@ -207,7 +214,7 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
 def _check_batches(cfg: MegarlConfig, layouts: dict[str, ParallelLayout], problems: list[str]) -> None:
     """Prompts → mini-batches → data-parallel ranks → micro-batches must all split evenly."""
     train, mini, n = cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size, cfg.rollout.n
-    if cfg.algorithm.name == "sft":  # one optimizer step per batch of (prompt, response) pairs
+    if cfg.algorithm.name in ("sft", *PREFERENCE_ALGORITHMS):  # one optimizer step per batch
         mini, n = train, 1
     if train < 1 or mini < 1 or n < 1:
         return

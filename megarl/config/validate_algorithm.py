@@ -12,10 +12,14 @@ from megarl.config.schema import MegarlConfig
 
 _GRPO_ESTIMATORS = ("grpo", "drgrpo")  # what algorithm.name=grpo allows
 RL_ALGORITHMS = ("ppo", "grpo")
+PREFERENCE_ALGORITHMS = ("dpo", "ipo", "kto", "orpo", "simpo")
+REFERENCE_ALGORITHMS = ("dpo", "ipo", "kto")  # the preference losses that compare with a reference
 
 
 def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     a = cfg.algorithm
+    if a.name in PREFERENCE_ALGORITHMS:
+        _check_preference(cfg, problems)
     val = cfg.rollout.val
     if a.adv_estimator == "remax" and (val.n != 1 or val.temperature != 0):
         problems.append(
@@ -145,4 +149,32 @@ def _check_rollout_correction(rc: Any, problems: list[str]) -> None:
         problems.append(
             f"{key}.bypass_mode=true uses the engine's log-probs as the old ones, so the IS ratio would be 1; "
             f"unset {key}.rollout_is and {key}.rollout_rs, or set bypass_mode=false"
+        )
+
+
+def _check_preference(cfg: MegarlConfig, problems: list[str]) -> None:
+    p, name = cfg.preference, cfg.algorithm.name
+    if p.beta is not None and p.beta <= 0:
+        problems.append(f"preference.beta={p.beta} must be > 0; e.g. 0.1 (simpo: 2.0)")
+    eps = p.label_smoothing
+    in_range(
+        problems, "preference.label_smoothing", eps, "[0, 0.5)", 0 <= eps < 0.5, "e.g. 0.1, or 0 for off"
+    )
+    for key in ("desirable_weight", "undesirable_weight"):
+        at_least(problems, f"preference.{key}", getattr(p, key), 0.0, "e.g. 1.0")
+    if name in REFERENCE_ALGORITHMS and not cfg.ref.enable:
+        problems.append(
+            f"algorithm.name={name} compares the policy with the reference model, but ref.enable=false; "
+            "remove ref.enable (auto turns it on)"
+        )
+    if name not in REFERENCE_ALGORITHMS and cfg.ref.enable:
+        problems.append(
+            f"algorithm.name={name} uses no reference model, but ref.enable=true would start one; remove "
+            "ref.enable"
+        )
+    if p.precompute_ref and name not in REFERENCE_ALGORITHMS:
+        problems.append(f"preference.precompute_ref=true, but algorithm.name={name} has no reference model")
+    if p.label_smoothing and name not in ("dpo", "simpo"):
+        problems.append(
+            f"preference.label_smoothing={p.label_smoothing} applies to dpo and simpo only, not {name}"
         )

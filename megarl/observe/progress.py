@@ -49,6 +49,10 @@ def _number(value: float) -> str:
 # (metric, label) pairs of the console line, in order; absent metrics are skipped
 _CONSOLE = (
     ("sft/loss", "loss"),
+    ("pref/loss", "loss"),
+    ("rewards/accuracy", "acc"),
+    ("rewards/margin", "margin"),
+    ("val/rewards/accuracy", "val acc"),
     ("val/reward/mean", "val"),
     ("kl/mean", "kl"),
     ("actor/kl_loss", "kl_loss"),
@@ -310,8 +314,9 @@ class LiveView:
         parts = []
         if "reward/mean" in m:
             parts.append(f"reward {_number(m['reward/mean'])} ±{_number(m.get('reward/std', 0.0))}")
-        if "sft/loss" in m:
-            parts.append(f"loss {_number(m['sft/loss'])}")
+        for key in ("sft/loss", "pref/loss"):
+            if key in m:
+                parts.append(f"loss {_number(m[key])}")
         if self.val is not None:
             parts.append(f"val {_number(self.val[1])} (step {self.val[0]})")
         kl = m.get("kl/mean", m.get("actor/kl_loss"))

@@ -6,6 +6,9 @@
     generate(prompts)    -> rollout Batch (responses, rollout_log_probs, …), GEN_DP_COMPUTE: the
                             3D-HybridEngine syncs the weights into the colocated vLLM engine first
     sft_update(batch)    -> metrics dict: one optimizer step on the response tokens' NLL (SFT)
+    preference_update(batch, settings, counts)
+                         -> metrics dict: one optimizer step on a preference loss (DPO, IPO, KTO, ORPO,
+                            SimPO; megarl.workers.preference_loss)
     export_hf(out_dir)   -> the Hugging Face checkpoint written from the live weights (any layout)
 
 Built from `role_spec(cfg, "actor")`: its layout, batching, offload, optimizer, loss settings
@@ -21,6 +24,7 @@ from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
 from megarl.algorithms.kl import kl_penalty
 from megarl.algorithms.loss_traits import LOSS_PARAMS
 from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
+from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings
 from megarl.config.roles import RoleSpec
 from megarl.controller import faults
 from megarl.controller.dispatch import Dispatch, register
@@ -160,6 +164,21 @@ class ActorWorker(MegatronWorker):
         log_probs, _ = token_log_probs(mb, logits, self.arch.vocab_size)
         loss = aggregate(-log_probs, mb["mask"], "token-mean", num_tokens=counts.num_tokens)
         return loss, {}
+
+    @register(Dispatch.DP_COMPUTE)
+    def preference_update(
+        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts
+    ) -> dict[str, float]:
+        """One optimizer step on the preference loss of `batch`: pairs as interleaved rows (chosen,
+        rejected, …) for the paired losses, examples with a `desirable` column for KTO; `ref_logps`
+        (sequence sums) when the loss uses the reference. `counts` are the whole batch's."""
+        from megarl.workers.preference_loss import preference_loss_fn
+
+        seqs = sequences_from_batch(batch)
+        fields = {k: batch[k] for k in batch.tensors.keys() if k in ("ref_logps", "desirable")}
+        loss_fn = preference_loss_fn(settings, counts, self.arch.vocab_size)
+        group = 2 if settings.paired else 1
+        return train_minibatches(self, seqs, fields, loss_fn, len(seqs), epochs=1, group=group)
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> str:

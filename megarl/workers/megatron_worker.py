@@ -211,27 +211,38 @@ class MegatronWorker(Worker):
     # ---- micro-batches -------------------------------------------------------------------------------
 
     def microbatches(
-        self, seqs: Sequences, rows: list[int], fields: dict[str, torch.Tensor] | None = None
+        self,
+        seqs: Sequences,
+        rows: list[int],
+        fields: dict[str, torch.Tensor] | None = None,
+        group: int = 1,
     ) -> list[dict[str, torch.Tensor]]:
         """`rows` of `seqs` as equal-shape micro-batches: packed to the token budget when
-        `max_tokens_per_micro_batch` is set, else `micro_batch_size` padded rows. Per-token `fields`
-        ([n, R] tensors of the whole batch) are sliced into each micro-batch by row."""
+        `max_tokens_per_micro_batch` is set, else `micro_batch_size` padded units. A unit is `group`
+        consecutive rows that always share a micro-batch, in order (a preference pair: chosen, rejected).
+        Per-row `fields` ([n, ...] tensors of the whole batch) are sliced into each micro-batch by row."""
+        if len(rows) % group:
+            raise ValueError(f"{self.role}: {len(rows)} rows do not form units of {group}")
         multiple = self.layout.tp if self.layout.sequence_parallel else 1
         budget = self.spec.max_tokens_per_micro_batch
         sub = seqs.subset(rows)
+        units = len(rows) // group
         if budget:
-            groups = micro_batches_by_tokens(sub.lengths, budget)
-            length = max(sum(sub.lengths[i] for i in g) for g in groups)
+            unit_lengths = [sum(sub.lengths[u * group : (u + 1) * group]) for u in range(units)]
+            unit_groups = micro_batches_by_tokens(unit_lengths, budget)
+            length = max(sum(unit_lengths[u] for u in g) for g in unit_groups)
             length = -(-length // multiple) * multiple
             mode, rows_per_mb = "pack", 1
         else:
-            groups = micro_batches_by_count(len(rows), self.spec.micro_batch_size)
-            length, mode, rows_per_mb = padded_length(sub, multiple), "pad", self.spec.micro_batch_size
+            unit_groups = micro_batches_by_count(units, self.spec.micro_batch_size)
+            length, mode = padded_length(sub, multiple), "pad"
+            rows_per_mb = self.spec.micro_batch_size * group
         thd = mode == "pack" and platform().transformer_engine
         out = []
-        for group in groups:
-            mb = build_microbatch(sub, group, mode, length, rows_per_mb, thd=thd)
-            mb["rows"] = torch.tensor([rows[i] for i in group], dtype=torch.long)
+        for units_of_mb in unit_groups:
+            members = [u * group + k for u in sorted(units_of_mb) for k in range(group)]
+            mb = build_microbatch(sub, members, mode, length, rows_per_mb, thd=thd)
+            mb["rows"] = torch.tensor([rows[i] for i in members], dtype=torch.long)
             for name, value in (fields or {}).items():
                 mb[name] = value[mb["rows"]]
             out.append({k: v.to(platform().device) for k, v in mb.items()})

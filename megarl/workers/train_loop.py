@@ -45,9 +45,10 @@ def train_minibatches(
     loss_fn: TrainLossFn,
     mini_batch_size: int,
     epochs: int,
+    group: int = 1,
 ) -> dict[str, float]:
     """`epochs` passes of optimizer steps of `worker` over mini-batches of `mini_batch_size` local
-    sequences. Returns metrics averaged over the optimizer steps (every rank returns the same), and
+    sequences (`group` consecutive rows always share a micro-batch: see MegatronWorker.microbatches). Returns metrics averaged over the optimizer steps (every rank returns the same), and
     `bad_updates`: how many of them were skipped for a NaN/inf loss or gradient norm."""
     from megatron.core import parallel_state as ps
 
@@ -70,7 +71,7 @@ def train_minibatches(
             )
             dist.all_reduce(counts, group=dp_group)
             global_counts = GlobalCounts(counts[0].item(), counts[1].item(), seqs.response_width)
-            mbs = worker.microbatches(seqs, rows, fields)
+            mbs = worker.microbatches(seqs, rows, fields, group)
             scale = len(mbs) * dp_size
 
             def scaled(mb, output, _counts=global_counts, _scale=scale):

@@ -75,11 +75,18 @@ def megarl_cli(*argv, timeout: float = 600):
 def greedy_vllm(model_dir: Path, prompt_token_ids: list[list[int]], cfg) -> list[list[int]]:
     """A fresh vLLM engine's greedy response tokens for each prompt (tests/helpers/vllm_greedy.py),
     with the run's validation length limit, ending at EOS as the trainer's validation does."""
+    max_tokens = cfg.rollout.val.max_tokens or cfg.data.max_response_length
+    return greedy_vllm_models([model_dir], prompt_token_ids, max_tokens)[str(model_dir)]
+
+
+def greedy_vllm_models(
+    model_dirs: list[Path], prompt_token_ids: list[list[int]], max_tokens: int
+) -> dict[str, list[list[int]]]:
+    """{model dir: greedy response tokens of each prompt}, ending at EOS, all models in one process."""
     import json
 
-    max_tokens = cfg.rollout.val.max_tokens or cfg.data.max_response_length
-    cmd = [sys.executable, "-m", "tests.helpers.vllm_greedy", json.dumps(prompt_token_ids), str(model_dir)]
-    cmd += ["--max-tokens", str(max_tokens), "--stop-at-eos"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    cmd = [sys.executable, "-m", "tests.helpers.vllm_greedy", json.dumps(prompt_token_ids)]
+    cmd += [*map(str, model_dirs), "--max-tokens", str(max_tokens), "--stop-at-eos"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])[str(model_dir)]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

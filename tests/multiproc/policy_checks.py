@@ -26,6 +26,7 @@ from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
 from megarl.workers.reference import ReferenceWorker
 from megarl.workers.reward import RewardModelWorker
+from tests.multiproc.preference_checks import check_preference
 
 LAYOUTS = {"tp1pp1": (1, 1), "tp2pp1": (2, 1), "tp1pp2": (1, 2), "tp2pp2": (2, 2)}
 N, PROMPT, RESPONSE = 8, 8, 10
@@ -155,6 +156,7 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     out["grad_norm"] = metrics["grad_norm"]
     after = actor.log_prob(batch)["old_log_probs"]
     out["surrogate_after"] = ppo_clip_loss(after, lp["old_log_probs"], advantages, mask, 0.2, 0.2)[0].item()
+    out["preference"] = check_preference(actor, batch)
 
     critic = make_worker_group("spmd", None, CriticWorker, "critic", {"spec": role_spec(cfg, "critic")})
     values = critic.values(batch)["values"]
@@ -200,6 +202,8 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
         out[label] = {"log_probs": lp, "pg_loss": metrics["actor/pg_loss"], "grad_norm": metrics["grad_norm"]}
         if label == "mbs1":
             out[label]["offload"] = check_offload(actor, batch, lp)
+        if not balance:  # reordered rows would split the pairs
+            out[label]["preference"] = check_preference(actor, batch)
         if balance:
             tokens = [batch["attention_mask"][idx].sum().item() for idx in (order[: N // 2], order[N // 2 :])]
             out[label]["dp_tokens"] = tokens

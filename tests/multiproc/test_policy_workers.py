@@ -116,3 +116,34 @@ def test_offload_to_disk_blocks_compute_and_reloads_bit_exact(batching):
     assert off["reloaded"] == off["offloaded"]
     assert "offloaded; call reload() first" in off["refused"]
     assert off["bit_exact"]
+
+
+PREFERENCE_LOSSES = ["dpo", "ipo", "kto", "orpo", "simpo"]
+
+
+@pytest.mark.parametrize("loss", PREFERENCE_LOSSES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_preference_update_loss_is_the_pure_functions_on_the_actors_log_probs(checks, layout, loss):
+    got = checks[layout]["preference"][loss]
+    assert got["loss"] == pytest.approx(got["expected_loss"], rel=1e-5, abs=1e-6)
+    assert got["margin"] == pytest.approx(got["expected_margin"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("loss", PREFERENCE_LOSSES)
+def test_preference_update_gives_the_same_loss_and_grad_norm_for_every_layout(checks, loss):
+    base = checks["tp1pp1"]["preference"][loss]
+    assert base["grad_norm"] > 0
+    for layout in LAYOUTS[1:]:
+        got = checks[layout]["preference"][loss]
+        assert got["loss"] == pytest.approx(base["loss"], rel=1e-5), layout
+        assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5), layout
+
+
+@pytest.mark.parametrize("loss", PREFERENCE_LOSSES)
+def test_preference_micro_batches_of_whole_pairs_do_not_change_loss_or_gradients(batching, loss):
+    # mbs1: one pair (two rows) per micro-batch; packed: pairs packed to a 40-token budget
+    base = batching["recompute"]["preference"][loss]
+    for variant in ("mbs1", "packed"):
+        got = batching[variant]["preference"][loss]
+        assert got["loss"] == pytest.approx(base["loss"], rel=1e-5), variant
+        assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5), variant

@@ -1,0 +1,306 @@
+"""Offline preference training on Megatron: DPO, IPO, KTO, ORPO and SimPO with the actor's workers and
+layouts, the SFT trainer's data path, logging and Hugging Face export.
+
+    megarl dpo configs/quickstart_dpo.yaml data.train_files=[pairs.parquet]
+    megarl kto configs/quickstart_dpo.yaml data.train_files=[kto.parquet]
+    DPOTrainer(cfg).fit()   # … KTOTrainer, ORPOTrainer, SimPOTrainer, IPOTrainer
+
+Each step is one optimizer step on `data.train_batch_size` pairs (KTO: examples); the loss is the mean
+over them, whatever the TP/PP/DP layout and micro-batching (a micro-batch holds whole pairs). The
+reference (dpo, ipo, kto) runs in the actor's processes and scores each batch, or with
+`preference.precompute_ref=true` scores the whole data set once before training and is then offloaded.
+KTO's reference point z0 comes from mismatched (prompt, completion) pairs: example i's prompt with
+example i+1's completion (data-set order), scored by the policy (no gradient) and the reference.
+
+Validation (data.val_files, at step 0, every trainer.eval_every steps and after the last) logs the
+same metrics under `val/`; KTO evaluates pair files (prompt/chosen/rejected) with its implied reward
+β·log(π/π_ref), or KTO files with its own loss. The model is written to `<output_dir>/hf` at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from megarl.algorithms import preference as pref
+from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings, kto_terms, pair_terms
+from megarl.config.schema import MegarlConfig
+from megarl.config.validate import resolve_auto
+from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS
+from megarl.data import preference as data
+from megarl.data.files import DataError, read_rows
+from megarl.observe.profiling import StepProfiler
+from megarl.observe.progress import ProgressLog
+from megarl.protocol import Batch
+from megarl.trainer.rl_stages import role_metrics
+from megarl.trainer.roles import build_roles, is_writer_process
+
+
+def preference_config(cfg: MegarlConfig, name: str | None = None) -> MegarlConfig:
+    """`cfg` for preference training with algorithm `name` (default: cfg.algorithm.name): the actor and,
+    for dpo/ipo/kto, the reference; no critic, reward model or rollout sampling."""
+    cfg = copy.deepcopy(cfg)
+    cfg.algorithm.name = name or cfg.algorithm.name
+    if cfg.algorithm.name not in PREFERENCE_ALGORITHMS:
+        raise ValueError(
+            f"algorithm.name={cfg.algorithm.name} is not a preference algorithm; use one of "
+            f"{', '.join(PREFERENCE_ALGORITHMS)}"
+        )
+    cfg.critic.enable = cfg.reward.enable = False
+    cfg.rollout.temperature = 1.0  # log-probs of the model itself, not of a sampler
+    return resolve_auto(cfg)
+
+
+def _has_pairs(files: list[str], cfg: MegarlConfig, config_key: str) -> bool:
+    """Whether the first row of `files` is a preference pair (else a KTO example)."""
+    for raw in read_rows(files[0], config_key):
+        return isinstance(raw.value, dict) and cfg.data.chosen_key in raw.value
+    return False
+
+
+class PreferenceTrainer:
+    algorithm: str | None = None  # set by DPOTrainer & co.; None = cfg.algorithm.name
+
+    def __init__(self, cfg: MegarlConfig, stream: TextIO | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg = preference_config(cfg, self.algorithm)
+        self.settings = PreferenceSettings.from_config(cfg)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+        self.pad = self.tokenizer.pad_token_id
+        self.examples = self._load(cfg.data.train_files, "data.train_files", self.settings.paired)
+        self.val_examples = []
+        if cfg.data.val_files:
+            paired = self.settings.paired or _has_pairs(cfg.data.val_files, cfg, "data.val_files")
+            self.val_examples = self._load(cfg.data.val_files, "data.val_files", paired)
+        if not self.settings.paired and len(self.examples) < 2:
+            raise DataError("data.train_files: KTO needs at least 2 examples (its KL pairs mismatch them)")
+        self.batch_size = min(cfg.data.train_batch_size, len(self.examples))
+        self.steps_per_epoch = len(self.examples) // self.batch_size
+        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
+        self.output_dir = Path(cfg.trainer.output_dir)
+        self.ref_cache: dict[str, torch.Tensor] = {}
+        self.roles = None
+        self.log = ProgressLog.for_run(cfg, self.total_steps, is_writer_process(cfg), stream)
+        try:
+            with self.log.task("starting the actor's workers"):
+                self.roles = build_roles(cfg, self.total_steps)
+            self.profiler = StepProfiler.for_run(cfg, {"actor": self.roles.actor}, self.roles.is_writer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, files: list[str], key: str, paired: bool) -> list:
+        loader = data.load_preference_pairs if paired else data.load_kto_examples
+        return loader(files, self.tokenizer, self.cfg.data, key)
+
+    def close(self) -> None:
+        """Stop the workers and flush and close the logging backends; idempotent."""
+        try:
+            if self.roles is not None:
+                self.roles.shutdown()
+        finally:
+            self.log.close()
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def fit(self) -> Path:
+        """Train, then export; returns the HF checkpoint directory."""
+        try:
+            name = self.settings.name
+            self.log.message(
+                f"megarl {name}: {len(self.examples)} {'pairs' if self.settings.paired else 'examples'}, "
+                f"{self.total_steps} steps of {self.batch_size} on {self.cfg.model.path}"
+            )
+            if self.cfg.preference.precompute_ref:
+                self._precompute_reference()
+            every = self.cfg.trainer.eval_every
+            if self.val_examples and self.cfg.trainer.val_before_train:
+                self.log.log(0, self.validate())
+            step, epoch, metrics = 0, 0, {}
+            while step < self.total_steps:
+                order = list(range(len(self.examples)))
+                for indices in data.batches(order, self.batch_size, self.cfg.data.seed, epoch):
+                    step += 1
+                    with self.profiler.step(step):
+                        metrics = self.train_step(indices)
+                    metrics["data/epoch"] = epoch
+                    last = step == self.total_steps
+                    if self.val_examples and (last or (every and step % every == 0)):
+                        metrics.update(self.validate())
+                    self.log.log(step, metrics)
+                    if last:
+                        break
+                epoch += 1
+            with self.log.task(f"writing the Hugging Face checkpoint to {self.output_dir / 'hf'}"):
+                out = self.roles.actor.export_hf(str(self.output_dir / "hf"))[0]
+            if self.roles.is_writer:
+                self.log.message(f"megarl {name}: wrote the Hugging Face checkpoint {out}")
+                summary = {"algorithm": name, "steps": self.total_steps, "hf_checkpoint": out, **metrics}
+                (self.output_dir / f"{name}_summary.json").write_text(json.dumps(summary, indent=2))
+            return Path(out)
+        finally:
+            self.close()
+
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        """One optimizer step on the examples at `indices`; the step's metrics."""
+        start = time.perf_counter()
+        items = [self.examples[i] for i in indices]
+        extra: dict[str, float] = {}
+        if self.settings.paired:
+            batch = data.pair_batch(items, self.pad)
+            counts = BatchCounts(len(items), chosen_tokens=sum(len(p.chosen_ids) for p in items))
+        else:
+            batch = data.kto_batch(items, self.pad)
+            z0 = self._kto_ref_point(indices, "train")
+            good = int(batch["desirable"].sum())
+            counts = BatchCounts(len(items), desirable=good, undesirable=len(items) - good, ref_point=z0)
+            extra["kto/kl"] = z0
+        if self.settings.uses_reference:
+            batch["ref_logps"] = self._reference(batch, indices, "train")
+        metrics = role_metrics("actor", self.roles.actor.preference_update(batch, self.settings, counts))
+        metrics["pref/loss"] = metrics.pop("actor/loss")
+        seconds = time.perf_counter() - start
+        metrics.update(
+            {
+                **extra,
+                "step_seconds": seconds,
+                "throughput/tokens_per_s": float(batch["attention_mask"].sum()) / seconds,
+            }
+        )
+        return metrics
+
+    # ---- reference and policy log-probs ----------------------------------------------------------------
+
+    def _sequence_sums(self, group, batch: Batch, column: str, method: str) -> torch.Tensor:
+        token_logps = getattr(group, method)(batch)[column]
+        return (token_logps.double() * batch["response_mask"].double()).sum(-1)
+
+    def _reference(self, batch: Batch, indices: list[int], split: str, kl: bool = False) -> torch.Tensor:
+        """[rows] the reference's sequence log-prob sums of `batch` (the items at `indices` of `split`,
+        their KL pairs when `kl`): from the precomputed cache, else a reference forward."""
+        key = f"{split}/kl" if kl else split
+        if key in self.ref_cache:
+            rows = self.ref_cache[key][indices]
+            return rows.reshape(-1)  # pairs: [P, 2] -> interleaved chosen, rejected
+        return self._sequence_sums(self.roles.ref, batch, "ref_log_probs", "ref_log_prob")
+
+    def _kto_ref_point(self, indices: list[int], split: str) -> float:
+        """z0 of KTO for the examples at `indices`: their mismatched pairs under the policy and reference."""
+        examples = self.examples if split == "train" else self.val_examples
+        kl_batch = data.kto_batch(self._kl_items(examples, indices), self.pad)
+        policy = self._sequence_sums(self.roles.actor, kl_batch, "old_log_probs", "log_prob")
+        ref = self._reference(kl_batch, indices, split, kl=True)
+        return float(pref.kto_ref_point(policy, ref))
+
+    @staticmethod
+    def _kl_items(examples: list, indices: list[int]) -> list:
+        """Example i's prompt with example i+1's completion (data-set order), for each index."""
+        n = len(examples)
+        return [
+            data.KTOExample(
+                examples[i].where, examples[i].prompt_ids, examples[(i + 1) % n].completion_ids, False
+            )
+            for i in indices
+        ]
+
+    def _precompute_reference(self) -> None:
+        """Every reference log-prob training and validation will need, in one pass; then the reference
+        is offloaded."""
+        splits = {"train": self.examples, "val": self.val_examples}
+        with self.log.task("computing the reference log-probs of the whole data set"):
+            for split, examples in splits.items():
+                if not examples:
+                    continue
+                paired = isinstance(examples[0], data.PreferencePair)
+                parts, kl_parts = [], []
+                for start in range(0, len(examples), self.cfg.data.train_batch_size):
+                    indices = list(range(start, min(start + self.cfg.data.train_batch_size, len(examples))))
+                    items = [examples[i] for i in indices]
+                    batch = data.pair_batch(items, self.pad) if paired else data.kto_batch(items, self.pad)
+                    sums = self._sequence_sums(self.roles.ref, batch, "ref_log_probs", "ref_log_prob")
+                    parts.append(sums.reshape(-1, 2) if paired else sums)
+                    if not paired:
+                        kl_batch = data.kto_batch(self._kl_items(examples, indices), self.pad)
+                        kl_parts.append(
+                            self._sequence_sums(self.roles.ref, kl_batch, "ref_log_probs", "ref_log_prob")
+                        )
+                self.ref_cache[split] = torch.cat(parts)
+                if kl_parts:
+                    self.ref_cache[f"{split}/kl"] = torch.cat(kl_parts)
+            self.roles.ref.offload(params=True)
+
+    # ---- validation ----------------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        """The loss and reward metrics over data.val_files, under `val/`."""
+        with self.log.task(f"validation on {len(self.val_examples)} examples"):
+            examples = self.val_examples
+            indices = list(range(len(examples)))
+            if isinstance(examples[0], data.PreferencePair):
+                return self._validate_pairs(examples, indices)
+            return self._validate_kto(examples, indices)
+
+    def _logps(self, batch: Batch) -> torch.Tensor:
+        """[rows, R] the policy's token log-probs of `batch`."""
+        return self.roles.actor.log_prob(batch)["old_log_probs"].double()
+
+    def _validate_pairs(self, pairs: list, indices: list[int]) -> dict[str, float]:
+        # KTO's implied reward on pairs is DPO's, β·log(π/π_ref)
+        s = self.settings if self.settings.paired else PreferenceSettings("dpo", self.settings.beta)
+        batch = data.pair_batch(pairs, self.pad)
+        token_logps, mask = self._logps(batch), batch["response_mask"].double()
+        values = pref.sequence_logps(token_logps, mask, average=s.name in ("orpo", "simpo"))
+        ref = self._reference(batch, indices, "val").double() if s.uses_reference else None
+        counts = BatchCounts(len(pairs), chosen_tokens=sum(len(p.chosen_ids) for p in pairs))
+        nll = -(token_logps[0::2] * mask[0::2]).sum(-1)
+        losses, metrics = pair_terms(
+            s,
+            values[0::2],
+            values[1::2],
+            None if ref is None else ref[0::2],
+            None if ref is None else ref[1::2],
+            counts,
+            nll,
+        )
+        out = {f"val/{k}": float(v.mean()) for k, v in metrics.items()}
+        if self.settings.paired:
+            out["val/pref/loss"] = float(losses.mean())
+        return out
+
+    def _validate_kto(self, examples: list, indices: list[int]) -> dict[str, float]:
+        batch = data.kto_batch(examples, self.pad)
+        logps = pref.sequence_logps(self._logps(batch), batch["response_mask"].double())
+        ref = self._reference(batch, indices, "val").double()
+        z0 = self._kto_ref_point(indices, "val")
+        good = int(batch["desirable"].sum())
+        counts = BatchCounts(len(examples), desirable=good, undesirable=len(examples) - good, ref_point=z0)
+        losses, metrics = kto_terms(self.settings, logps, ref, batch["desirable"].bool(), counts)
+        out = {f"val/{k}": float(v.mean()) for k, v in metrics.items()}
+        out.update({"val/pref/loss": float(losses.mean()), "val/kto/kl": z0})
+        return out
+
+
+class DPOTrainer(PreferenceTrainer):
+    algorithm = "dpo"
+
+
+class IPOTrainer(PreferenceTrainer):
+    algorithm = "ipo"
+
+
+class KTOTrainer(PreferenceTrainer):
+    algorithm = "kto"
+
+
+class ORPOTrainer(PreferenceTrainer):
+    algorithm = "orpo"
+
+
+class SimPOTrainer(PreferenceTrainer):
+    algorithm = "simpo"
