@@ -188,7 +188,10 @@ def cmd_data_make(args: argparse.Namespace) -> int:
     from megarl.data.tasks import make_task
     from megarl.observe.progress import task
 
-    what = f"making {args.task}: {args.n_train} train, {args.n_val} val, {args.n_sft} sft examples"
+    what = (
+        f"making {args.task}: {args.n_train} train, {args.n_val} val, {args.n_sft} sft, "
+        f"{args.n_pref} preference and kto examples"
+    )
     with task(what, stream=sys.stderr):  # stdout stays the list of files
         files = make_task(
             args.task,
@@ -197,10 +200,11 @@ def cmd_data_make(args: argparse.Namespace) -> int:
             args.n_val,
             args.n_sft,
             seed=args.seed,
+            n_pref=args.n_pref,
             sft_noise=args.sft_noise,
         )
-    for split in ("train", "val", "sft"):
-        print(f"{split:5s} {getattr(files, split)}")
+    for split in ("train", "val", "sft", "preference", "kto"):
+        print(f"{split:10s} {getattr(files, split)}")
     return 0
 
 
@@ -328,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--n-train", type=int, default=2048)
     make.add_argument("--n-val", type=int, default=128)
     make.add_argument("--n-sft", type=int, default=2048)
+    make.add_argument(
+        "--n-pref", type=int, default=1024, help="rows of preference.parquet and of kto.parquet"
+    )
     make.add_argument("--seed", type=int, default=0)
     make.add_argument(
         "--sft-noise", type=float, default=0.0, help="fraction of SFT answers that copy the input (wrong)"

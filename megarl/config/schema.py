@@ -216,6 +216,10 @@ class DataConfig:
     train_batch_size: int = 64  # prompts per training step (each sampled rollout.n times)
     val_batch_size: int | None = None  # prompts per validation generate call; None = all of data.val_files
     response_key: str = "response"  # SFT: column holding the response (rows may instead hold `messages`)
+    chosen_key: str = "chosen"  # DPO/IPO/ORPO/SimPO: preferred response column (string or assistant turn)
+    rejected_key: str = "rejected"  # DPO/IPO/ORPO/SimPO: dispreferred response column (same forms as chosen)
+    completion_key: str = "completion"  # KTO: labelled response column (string or assistant turn)
+    label_key: str = "label"  # KTO: column saying whether the completion is desirable (bool or 0/1)
     shuffle: bool = True  # shuffle training prompts every epoch
     seed: int = 1  # seed of the shuffling order
 

@@ -6,6 +6,8 @@ sequences are batched across ranks and micro-batches.
     datasets   `PromptDataset`: usable tokenised prompts, bad rows reported; `.batch(indices)`
     sampler    `PromptSampler`: order by (seed, epoch), resumable
     loader     `PromptLoader`: training Batches over epochs, `state_dict()` for resume
+    sft        (prompt, response) examples and their batches
+    preference chosen/rejected pairs (DPO family) and labelled completions (KTO), and their batches
     tasks      `make_task`: the quickstart's generated digit tasks
     batching   token-balanced splits over data-parallel ranks and micro-batches
 """

@@ -3,21 +3,27 @@
 Rows (parquet or jsonl) hold either `prompt` + `response` (data.prompt_key / data.response_key; the
 prompt a string or a chat list) or `messages`, a chat list whose last turn is the assistant's response.
 Prompts are rendered exactly as RL prompts are (megarl.data.chat: the chat template with the
-generation prompt, per data.apply_chat_template), so the SFT model answers in the format RL samples; the response ends with EOS. The loss
-covers response tokens only (`response_mask`).
+generation prompt, per data.apply_chat_template), so the SFT model answers in the format RL samples; the
+response ends with EOS. The loss covers response tokens only (`response_mask`).
+
+The tokenisation (`encode_prompt`, `encode_response`), the report of skipped rows, the batch layout
+(`sft_batch`) and the epoch order (`batches`) are shared with the preference data (megarl.data.preference).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from megarl.config.schema import DataConfig
-from megarl.data.chat import as_messages, prompt_text
+from megarl.data.chat import Messages, as_messages, prompt_text
 from megarl.data.files import DataError, read_rows
 from megarl.protocol import Batch
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,34 @@ def _split(row: dict, data: DataConfig) -> tuple[object, str] | str:
     return prompt, response
 
 
+def encode_prompt(prompt: str | Messages, tokenizer, data: DataConfig) -> list[int]:
+    """Token ids of a checked prompt, rendered exactly as RL prompts are (megarl.data.datasets), so
+    training on them teaches the format RL samples in. Raises ValueError when it cannot be rendered."""
+    text, special = prompt_text(
+        as_messages(prompt) if isinstance(prompt, list) else prompt, tokenizer, data.apply_chat_template
+    )
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def encode_response(response: str, tokenizer) -> list[int]:
+    """Token ids of a response, without special tokens, EOS appended (the policy stops there)."""
+    return list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
+
+def report_skipped(kind: str, problems: list[str], too_long: int, data: DataConfig) -> None:
+    """One print per category of skipped rows: the malformed ones (the first 5, with file and row) and
+    the count of over-long ones."""
+    if problems:
+        shown = "\n  ".join(problems[:5])
+        print(f"megarl {kind}: skipped {len(problems)} malformed row(s):\n  {shown}", flush=True)
+    if too_long:
+        print(
+            f"megarl {kind}: skipped {too_long} row(s) longer than data.max_prompt_length="
+            f"{data.max_prompt_length} / data.max_response_length={data.max_response_length}",
+            flush=True,
+        )
+
+
 def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key: str) -> list[SFTExample]:
     """Every usable row of `files`; rows that are malformed or longer than the length limits are
     reported once (file and row), and DataError is raised when none is left."""
@@ -56,32 +90,17 @@ def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key:
                 problems.append(f"{raw.where}: {split}")
                 continue
             prompt, response = split
-            try:  # exactly as RL prompts are rendered (megarl.data.datasets), so SFT teaches that format
-                text, special = prompt_text(
-                    as_messages(prompt) if isinstance(prompt, list) else prompt,
-                    tokenizer,
-                    data.apply_chat_template,
-                )
+            try:
+                prompt_ids = encode_prompt(prompt, tokenizer, data)
             except ValueError as e:
                 problems.append(f"{raw.where}: {e}")
                 continue
-            prompt_ids = tokenizer(text, add_special_tokens=special)["input_ids"]
-            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [
-                tokenizer.eos_token_id
-            ]
+            response_ids = encode_response(response, tokenizer)
             if len(prompt_ids) > data.max_prompt_length or len(response_ids) > data.max_response_length:
                 too_long += 1
                 continue
-            examples.append(SFTExample(raw.where, list(prompt_ids), response_ids))
-    if problems:
-        shown = "\n  ".join(problems[:5])
-        print(f"megarl sft: skipped {len(problems)} malformed row(s):\n  {shown}", flush=True)
-    if too_long:
-        print(
-            f"megarl sft: skipped {too_long} row(s) longer than data.max_prompt_length="
-            f"{data.max_prompt_length} / data.max_response_length={data.max_response_length}",
-            flush=True,
-        )
+            examples.append(SFTExample(raw.where, prompt_ids, response_ids))
+    report_skipped("sft", problems, too_long, data)
     if not examples:
         raise DataError(
             f"{config_key}: no usable SFT rows in {', '.join(files)} ({len(problems)} malformed, {too_long} too "
@@ -115,10 +134,17 @@ def sft_batch(examples: list[SFTExample], pad_token_id: int) -> Batch:
     )
 
 
+def batches(items: Sequence[T], batch_size: int, seed: int, epoch: int) -> Iterator[list[T]]:
+    """One epoch of full batches of `items` in a (seed, epoch)-determined order (the last partial batch
+    is dropped)."""
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+    for start in range(0, len(items) - batch_size + 1, batch_size):
+        yield [items[i] for i in order[start : start + batch_size].tolist()]
+
+
 def sft_batches(
     examples: list[SFTExample], batch_size: int, seed: int, epoch: int, pad_token_id: int
 ) -> Iterator[Batch]:
-    """One epoch of full batches in a (seed, epoch)-determined order (the last partial batch is dropped)."""
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed * 100003 + epoch))
-    for start in range(0, len(examples) - batch_size + 1, batch_size):
-        yield sft_batch([examples[i] for i in order[start : start + batch_size].tolist()], pad_token_id)
+    """`sft_batch`es of one epoch of `batches`."""
+    for chunk in batches(examples, batch_size, seed, epoch):
+        yield sft_batch(chunk, pad_token_id)

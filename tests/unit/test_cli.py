@@ -123,7 +123,10 @@ def test_unsupported_architecture_is_named(tmp_path, capsys):
 
 
 def test_data_make_lists_the_files_on_stdout_and_its_progress_on_stderr(tmp_path, capsys):
-    argv = f"data make digits_sort --out {tmp_path} --n-train 8 --n-val 4 --n-sft 8".split()
+    argv = f"data make digits_sort --out {tmp_path} --n-train 8 --n-val 4 --n-sft 8 --n-pref 6".split()
     code, out, err = run(argv, capsys)
-    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["train", "val", "sft"]
-    assert re.fullmatch(r"making digits_sort: 8 train, 4 val, 8 sft examples … done in \d+\.\d s\n", err)
+    splits = [line.split()[0] for line in out.splitlines()]
+    assert code == 0 and splits == ["train", "val", "sft", "preference", "kto"]
+    assert re.fullmatch(
+        r"making digits_sort: 8 train, 4 val, 8 sft, 6 preference and kto examples … done in \d+\.\d s\n", err
+    )

@@ -1,6 +1,6 @@
 """Locally generated verifiable tasks (`megarl data make TASK --out DIR`), written in verl's schema.
 
-`make_task(name, out_dir)` writes three parquet files:
+`make_task(name, out_dir)` writes five parquet files:
 
   train.parquet, val.parquet   RL prompts: data_source "megarl/<name>", prompt [{role: user, content}],
                                ability "digits", reward_model {style: rule, ground_truth}, extra_info
@@ -8,8 +8,16 @@
   sft.parquet                  warm-start pairs: prompt (the user text, a string), response (the answer,
                                no EOS: the SFT loader appends it), messages (user + assistant turns),
                                data_source. A string prompt renders to the same tokens as the RL chat list.
+  preference.parquet           DPO-style pairs: prompt (the user text), chosen (the answer), rejected (a
+                               plausible wrong answer: the prompt's digits copied unchanged for list tasks,
+                               the sum off by 1-9 for digits_add), data_source.
+  kto.parquet                  KTO rows: prompt, completion, label (true: the answer, false: the wrong
+                               answer above; exactly half true, in random order), data_source.
 
-Val problems never occur in train or sft; everything is reproducible from `seed`.
+Problems whose copied digits are the answer (a palindrome reversed, sorted digits sorted) are left out of
+the preference and KTO files: there the wrong answer would be right.
+
+Val problems never occur in the other files; everything is reproducible from `seed`.
 """
 
 from __future__ import annotations
@@ -30,11 +38,22 @@ def _copied(prompt: str) -> str:
     return prompt.split()[-1]
 
 
+def _wrong(name: str, prompt: str, answer: str, rng: random.Random) -> str:
+    """A plausible wrong answer: the digits copied (list tasks; equal to the answer for palindromes and
+    sorted lists, which the caller skips) or a sum off by 1-9, never negative."""
+    if name in COPYABLE:
+        return _copied(prompt)
+    total, off = int(answer), rng.randint(1, 9)
+    return str(total - off if off <= total and rng.random() < 0.5 else total + off)
+
+
 @dataclass(frozen=True)
 class TaskFiles:
     train: Path
     val: Path
     sft: Path
+    preference: Path
+    kto: Path
 
 
 def make_task(
@@ -44,9 +63,11 @@ def make_task(
     n_val: int = 128,
     n_sft: int = 2048,
     seed: int = 0,
+    n_pref: int = 1024,
     sft_noise: float = 0.0,
 ) -> TaskFiles:
-    """Generate task `name` (one of `TASKS`) into `out_dir`; returns the three file paths.
+    """Generate task `name` (one of `TASKS`) into `out_dir`; returns the five file paths. The preference
+    and KTO files hold `n_pref` rows each.
 
     `sft_noise` is the fraction of warm-start pairs whose response is wrong in a plausible way: the
     prompt's digits copied unchanged (list tasks only). A model fine-tuned on them answers right only
@@ -57,7 +78,7 @@ def make_task(
 
     if name not in GENERATORS:
         raise ValueError(f"unknown task {name!r}; use one of {', '.join(TASKS)}")
-    for key, n in (("n_train", n_train), ("n_val", n_val), ("n_sft", n_sft)):
+    for key, n in (("n_train", n_train), ("n_val", n_val), ("n_sft", n_sft), ("n_pref", n_pref)):
         if n < 1:
             raise ValueError(f"{key}={n} must be ≥ 1")
     generate = GENERATORS[name]
@@ -74,14 +95,29 @@ def make_task(
     if sft_noise and name not in COPYABLE:
         raise ValueError(f"sft_noise needs a list task ({', '.join(COPYABLE)}), not {name!r}")
     sft = [(prompt, _copied(prompt) if rng.random() < sft_noise else answer) for prompt, answer in sft]
+    # drawn after everything above, so train, val and sft do not depend on n_pref
+    drawn = (generate(rng) for _ in range(n_pref * 4))
+    triples = [(prompt, answer, _wrong(name, prompt, answer, rng)) for prompt, answer in drawn]
+    pref = [t for t in triples if t[0] not in held_out and t[1] != t[2]][:n_pref]
+    if len(pref) < n_pref:
+        raise ValueError(f"{name} has too few distinct problems for n_val={n_val}; lower n_val")
+    labels = [i % 2 == 0 for i in range(n_pref)]
+    rng.shuffle(labels)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = TaskFiles(out / "train.parquet", out / "val.parquet", out / "sft.parquet")
+    files = TaskFiles(*(out / f"{split}.parquet" for split in ("train", "val", "sft", "preference", "kto")))
     source = f"megarl/{name}"
     pq.write_table(pa.Table.from_pylist(_rl_rows(train, source, "train")), files.train)
     pq.write_table(pa.Table.from_pylist(_rl_rows(val, source, "val")), files.val)
     pq.write_table(pa.Table.from_pylist(_sft_rows(sft, source)), files.sft)
+    pairs = [{"prompt": p, "chosen": a, "rejected": w, "data_source": source} for p, a, w in pref]
+    pq.write_table(pa.Table.from_pylist(pairs), files.preference)
+    kto = [
+        {"prompt": p, "completion": a if good else w, "label": good, "data_source": source}
+        for (p, a, w), good in zip(pref, labels)
+    ]
+    pq.write_table(pa.Table.from_pylist(kto), files.kto)
     return files
 
 

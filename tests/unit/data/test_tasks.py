@@ -5,7 +5,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
+from megarl.config.schema import DataConfig
 from megarl.data.datasets import PromptDataset
+from megarl.data.preference import load_kto_examples, load_preference_pairs
 from megarl.data.tasks import TASKS, make_task
 from megarl.rewards import default_compute_score
 
@@ -63,11 +65,44 @@ def test_ground_truth_scores_one_and_a_wrong_answer_zero(tmp_path, task):
     assert default_compute_score(row["data_source"], truth + "0", truth) == 0.0
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_preference_and_kto_files_pair_the_answer_with_a_plausible_wrong_one(tmp_path, tokenizer, task):
+    files = make_task(task, tmp_path, n_train=20, n_val=40, n_sft=20, seed=3, n_pref=200)
+    val = {r["prompt"][0]["content"] for r in pq.read_table(files.val).to_pylist()}
+    pairs, kto = pq.read_table(files.preference).to_pylist(), pq.read_table(files.kto).to_pylist()
+    assert len(pairs) == len(kto) == 200
+    assert set(pairs[0]) == {"prompt", "chosen", "rejected", "data_source"}
+    assert set(kto[0]) == {"prompt", "completion", "label", "data_source"}
+    for r in pairs:
+        assert r["chosen"] == solve(task, r["prompt"]) != r["rejected"]
+        if task == "digits_add":
+            assert int(r["rejected"]) >= 0 and 1 <= abs(int(r["rejected"]) - int(r["chosen"])) <= 9
+        else:
+            assert r["rejected"] == r["prompt"].split()[1]
+    assert sum(r["label"] for r in kto) == 100
+    assert 30 < sum(r["label"] for r in kto[:100]) < 70  # shuffled, not in blocks
+    for r in kto:
+        assert (r["completion"] == solve(task, r["prompt"])) == r["label"]
+    assert val.isdisjoint(r["prompt"] for r in pairs + kto)
+    data = DataConfig(max_prompt_length=24, max_response_length=8)
+    assert len(load_preference_pairs([str(files.preference)], tokenizer, data, "k")) == 200
+    assert len(load_kto_examples([str(files.kto)], tokenizer, data, "k")) == 200
+
+
+def test_n_pref_leaves_the_other_files_unchanged(tmp_path):
+    a = make_task("digits_reverse", tmp_path / "a", n_train=30, n_val=10, n_sft=10, n_pref=10)
+    b = make_task("digits_reverse", tmp_path / "b", n_train=30, n_val=10, n_sft=10, n_pref=50)
+    for split in ("train", "val", "sft"):
+        assert pq.read_table(getattr(a, split)).equals(pq.read_table(getattr(b, split)))
+
+
 def test_same_seed_same_files_other_seed_differs(tmp_path):
     a = make_task("digits_sort", tmp_path / "a", n_train=50, n_val=10, n_sft=10, seed=1)
     b = make_task("digits_sort", tmp_path / "b", n_train=50, n_val=10, n_sft=10, seed=1)
     c = make_task("digits_sort", tmp_path / "c", n_train=50, n_val=10, n_sft=10, seed=2)
     assert pq.read_table(a.train).equals(pq.read_table(b.train))
+    assert pq.read_table(a.preference).equals(pq.read_table(b.preference))
+    assert pq.read_table(a.kto).equals(pq.read_table(b.kto))
     assert not pq.read_table(a.train).equals(pq.read_table(c.train))
 
 
