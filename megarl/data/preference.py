@@ -236,15 +236,17 @@ def kto_batch(examples: list[KTOExample], pad_token_id: int) -> Batch:
     return batch
 
 
-def kto_kl_batch(examples: list[KTOExample], pad_token_id: int) -> Batch:
-    """KTO's KL reference point: row i is prompt i with completion (i+1) mod N, a mismatched pair."""
+def kto_kl_batch(examples: list[KTOExample], pad_token_id: int, indices: list[int] | None = None) -> Batch:
+    """KTO's KL reference point: for each i of `indices` (default: all), prompt i with completion
+    (i+1) mod N of `examples`, a mismatched pair (fixed by the data-set order, so a precomputed
+    reference log-prob of it stays valid in any batch)."""
     n = len(examples)
     if n < 2:
         raise ValueError(
             f"the KTO KL batch mismatches prompts and completions, which needs ≥ 2 examples, got {n}"
         )
     rows = [
-        SFTExample(e.where, e.prompt_ids, examples[(i + 1) % n].completion_ids)
-        for i, e in enumerate(examples)
+        SFTExample(examples[i].where, examples[i].prompt_ids, examples[(i + 1) % n].completion_ids)
+        for i in (range(n) if indices is None else indices)
     ]
     return sft_batch(rows, pad_token_id)

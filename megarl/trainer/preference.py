@@ -193,21 +193,10 @@ class PreferenceTrainer:
     def _kto_ref_point(self, indices: list[int], split: str) -> float:
         """z0 of KTO for the examples at `indices`: their mismatched pairs under the policy and reference."""
         examples = self.examples if split == "train" else self.val_examples
-        kl_batch = data.kto_batch(self._kl_items(examples, indices), self.pad)
+        kl_batch = data.kto_kl_batch(examples, self.pad, indices)
         policy = self._sequence_sums(self.roles.actor, kl_batch, "old_log_probs", "log_prob")
         ref = self._reference(kl_batch, indices, split, kl=True)
         return float(pref.kto_ref_point(policy, ref))
-
-    @staticmethod
-    def _kl_items(examples: list, indices: list[int]) -> list:
-        """Example i's prompt with example i+1's completion (data-set order), for each index."""
-        n = len(examples)
-        return [
-            data.KTOExample(
-                examples[i].where, examples[i].prompt_ids, examples[(i + 1) % n].completion_ids, False
-            )
-            for i in indices
-        ]
 
     def _precompute_reference(self) -> None:
         """Every reference log-prob training and validation will need, in one pass; then the reference
@@ -226,7 +215,7 @@ class PreferenceTrainer:
                     sums = self._sequence_sums(self.roles.ref, batch, "ref_log_probs", "ref_log_prob")
                     parts.append(sums.reshape(-1, 2) if paired else sums)
                     if not paired:
-                        kl_batch = data.kto_batch(self._kl_items(examples, indices), self.pad)
+                        kl_batch = data.kto_kl_batch(examples, self.pad, indices)
                         kl_parts.append(
                             self._sequence_sums(self.roles.ref, kl_batch, "ref_log_probs", "ref_log_prob")
                         )

@@ -273,7 +273,7 @@ def main(argv: list[str]) -> dict:
                 "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
                 "pg_loss": b["pg_loss"],
                 "grad_norm": b["grad_norm"],
-                **{k: b[k] for k in ("dp_tokens", "offload") if k in b},
+                **{k: b[k] for k in ("dp_tokens", "offload", "preference") if k in b},
             }
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }

@@ -244,6 +244,28 @@ INVALID = [
     (["trainer.max_bad_steps=0"], ["trainer.max_bad_steps=0 must be ≥ 1"]),
     (["trainer.resume=/nonexistent/ckpt"], ["trainer.resume=/nonexistent/ckpt is neither auto, disable nor"]),
     (["trainer.eval_every=5", "data.val_files=[]"], ["trainer.eval_every=5 but data.val_files is empty"]),
+    (["algorithm.name=dpo", "preference.beta=0"], ["preference.beta=0.0 must be > 0"]),
+    (
+        ["algorithm.name=ipo", "preference.label_smoothing=0.1"],
+        ["preference.label_smoothing=0.1 applies to dpo and simpo only, not ipo"],
+    ),
+    (
+        ["algorithm.name=dpo", "preference.label_smoothing=0.5"],
+        ["preference.label_smoothing=0.5 must be in [0, 0.5)"],
+    ),
+    (
+        ["algorithm.name=kto", "preference.undesirable_weight=-1"],
+        ["preference.undesirable_weight=-1.0 must be ≥ 0"],
+    ),
+    (
+        ["algorithm.name=kto", "ref.enable=false"],
+        ["algorithm.name=kto compares the policy with the reference"],
+    ),
+    (["algorithm.name=orpo", "ref.enable=true"], ["algorithm.name=orpo uses no reference model"]),
+    (
+        ["algorithm.name=simpo", "preference.precompute_ref=true"],
+        ["algorithm.name=simpo has no reference model"],
+    ),
     (["actor.parallel.tp"], ["override 'actor.parallel.tp' is not key=value"]),
     (["actor=3"], ["actor is a section, not a value"]),
 ]
@@ -392,6 +414,17 @@ def test_auto_roles_follow_the_algorithm():
     cfg = load_config(None, ["algorithm.name=ppo", "reward.model_path=/rm"], check_paths=False)
     assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable and cfg.reward.enable
     assert not cfg.ref.enable
+
+
+@pytest.mark.parametrize(
+    ("name", "ref", "beta"),
+    [("dpo", True, 0.1), ("kto", True, 0.1), ("orpo", False, 0.1), ("simpo", False, 2.0)],
+)
+def test_preference_algorithms_resolve_the_reference_and_beta(name, ref, beta):
+    from megarl.trainer.preference import preference_config
+
+    cfg = preference_config(load_config(None, [], check_paths=False), name)
+    assert (cfg.ref.enable, cfg.preference.beta, cfg.critic.enable) == (ref, beta, False)
 
 
 @pytest.mark.parametrize(

@@ -195,6 +195,8 @@ def test_kto_batches_carry_the_label_and_the_kl_batch_shifts_completions():
     assert kl["prompts"][:, 0].tolist() == [10, 11, 12]
     assert kl["responses"].tolist() == [[21, 21, 0], [22, 22, 22], [20, 0, 0]]
     assert kl["response_mask"].sum(1).tolist() == [2, 3, 1] and "desirable" not in kl
+    some = kto_kl_batch(examples, pad_token_id=0, indices=[2, 0])  # mismatched over the whole list
+    assert some["responses"].tolist() == [[20, 0], [21, 21]]
     with pytest.raises(ValueError, match="needs ≥ 2 examples, got 1"):
         kto_kl_batch(examples[:1], pad_token_id=0)
 

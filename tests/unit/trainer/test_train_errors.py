@@ -78,3 +78,23 @@ def test_rows_without_a_prompt_are_reported_and_the_rest_used(capsys, overrides,
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     dataset = PromptDataset.from_config(cfg.data, tokenizer, split="train")
     assert len(dataset) == 2 and "mixed.parquet row 1" in str(dataset.report.malformed)
+
+
+PREFERENCE_CONFIG = str(Path(CONFIG).parent / "quickstart_preference.yaml")
+
+
+@pytest.mark.parametrize("job", ["dpo", "kto"])
+def test_preference_data_in_the_wrong_format_names_the_file_row_and_columns(
+    capsys, tiny_models, tmp_path, job
+):
+    data = write_parquet(tmp_path / "sft.parquet", [{"prompt": "reverse 12", "response": "21"}] * 2)
+    overrides = [
+        f"model.path={tiny_models['llama']}",
+        f"data.train_files=[{data}]",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    assert run(PREFERENCE_CONFIG, overrides, job=job) == 2
+    captured = capsys.readouterr()
+    assert f"megarl {job}: error: data.train_files: no usable" in captured.err, captured.err
+    columns = "`completion` and `label`" if job == "kto" else "`chosen` and `rejected`"
+    assert f"{data} row 0" in captured.out and columns in captured.out + captured.err, captured
