@@ -18,6 +18,7 @@ from megarl.algorithms import preference as pref
 
 PAIRED = ("dpo", "ipo", "orpo", "simpo")
 LENGTH_NORMALISED = ("orpo", "simpo")  # their log-probs are per-token means of the response
+DEFAULT_BETA = {"simpo": 2.0}  # else 0.1 (TRL's defaults; the SimPO paper's range is 2–2.5)
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,11 @@ class PreferenceSettings:
 
     @classmethod
     def from_config(cls, cfg) -> PreferenceSettings:
-        p = cfg.preference
-        if p.beta is None:
-            raise ValueError("preference.beta is unresolved; pass the config through resolve_auto first")
+        """The settings of `cfg.algorithm.name`; preference.beta=None is that loss's default."""
+        p, name = cfg.preference, cfg.algorithm.name
         return cls(
-            cfg.algorithm.name,
-            p.beta,
+            name,
+            p.beta if p.beta is not None else DEFAULT_BETA.get(name, 0.1),
             p.label_smoothing,
             p.simpo_gamma,
             p.desirable_weight,

@@ -385,7 +385,7 @@ class PreferenceConfig:
     """Offline preference training (`megarl dpo|ipo|kto|orpo|simpo`, megarl.algorithms.preference). One
     optimizer step per data.train_batch_size pairs (KTO: examples); the loss is the mean over them."""
 
-    # the β of DPO/IPO/KTO/SimPO (IPO's τ) and ORPO's λ (the odds-ratio weight); None = auto: 2.0 for
+    # the β of DPO/IPO/KTO/SimPO (IPO's τ) and ORPO's λ (the odds-ratio weight); None = the loss's default: 2.0 for
     # simpo (the SimPO paper's range is 2–2.5), else 0.1 (TRL's defaults)
     beta: float | None = None
     # dpo, simpo: conservative-DPO label smoothing ε (the chance a label is flipped), in [0, 0.5)

@@ -46,8 +46,6 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
         cfg.critic.enable = algo.name in RL_ALGORITHMS and algo.adv_estimator in CRITIC_ESTIMATORS
     if cfg.ref.enable is None:
         cfg.ref.enable = algo.use_kl_in_reward or algo.use_kl_loss or algo.name in REFERENCE_ALGORITHMS
-    if cfg.preference.beta is None:
-        cfg.preference.beta = 2.0 if algo.name == "simpo" else 0.1
     if cfg.reward.enable is None:
         cfg.reward.enable = cfg.reward.model_path is not None
     return cfg

@@ -31,7 +31,7 @@ from megarl.algorithms import preference as pref
 from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings, kto_terms, pair_terms
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
-from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS
+from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS, REFERENCE_ALGORITHMS
 from megarl.data import preference as data
 from megarl.data.files import DataError, read_rows
 from megarl.observe.profiling import StepProfiler
@@ -52,6 +52,8 @@ def preference_config(cfg: MegarlConfig, name: str | None = None) -> MegarlConfi
             f"{', '.join(PREFERENCE_ALGORITHMS)}"
         )
     cfg.critic.enable = cfg.reward.enable = False
+    # the loss decides (a config resolved under another algorithm name may say otherwise)
+    cfg.ref.enable = cfg.algorithm.name in REFERENCE_ALGORITHMS
     cfg.rollout.temperature = 1.0  # log-probs of the model itself, not of a sampler
     return resolve_auto(cfg)
 

@@ -229,6 +229,12 @@ class MegatronWorker(Worker):
         units = len(rows) // group
         if budget:
             unit_lengths = [sum(sub.lengths[u * group : (u + 1) * group]) for u in range(units)]
+            if group > 1 and max(unit_lengths, default=0) > budget:
+                raise ValueError(
+                    f"{self.role}: a micro-batch holds whole pairs, and one has {max(unit_lengths)} tokens "
+                    f"(both answers), more than {self.role}.max_tokens_per_micro_batch={budget}; raise it to "
+                    f"at least {max(unit_lengths)}"
+                )
             unit_groups = micro_batches_by_tokens(unit_lengths, budget)
             length = max(sum(unit_lengths[u] for u in g) for g in unit_groups)
             length = -(-length // multiple) * multiple

@@ -68,12 +68,14 @@ def test_kto_metric_shares_sum_to_the_desirable_and_undesirable_means():
     assert torch.allclose(losses, expected, rtol=1e-12)
 
 
-def test_settings_need_a_resolved_beta_and_a_paired_name():
+def test_settings_take_the_losss_default_beta_and_pair_terms_need_a_paired_name():
     from megarl.config.schema import MegarlConfig
 
     cfg = MegarlConfig()
-    cfg.algorithm.name = "dpo"
-    with pytest.raises(ValueError, match="resolve_auto"):
-        PreferenceSettings.from_config(cfg)
+    for name, beta in (("dpo", 0.1), ("simpo", 2.0)):
+        cfg.algorithm.name = name
+        assert PreferenceSettings.from_config(cfg).beta == beta
+    cfg.preference.beta = 0.3
+    assert PreferenceSettings.from_config(cfg).beta == 0.3
     with pytest.raises(ValueError, match="not a paired"):
         pair_terms(PreferenceSettings("kto", 0.1), *_pairs(), BatchCounts(6))

@@ -421,10 +421,12 @@ def test_auto_roles_follow_the_algorithm():
     [("dpo", True, 0.1), ("kto", True, 0.1), ("orpo", False, 0.1), ("simpo", False, 2.0)],
 )
 def test_preference_algorithms_resolve_the_reference_and_beta(name, ref, beta):
+    from megarl.algorithms.preference_terms import PreferenceSettings
     from megarl.trainer.preference import preference_config
 
-    cfg = preference_config(load_config(None, [], check_paths=False), name)
-    assert (cfg.ref.enable, cfg.preference.beta, cfg.critic.enable) == (ref, beta, False)
+    cfg = preference_config(load_config(None, [], check_paths=False), name)  # resolved as ppo first
+    assert (cfg.ref.enable, cfg.critic.enable, PreferenceSettings.from_config(cfg).beta) == (ref, False, beta)
+    assert load_config(None, [f"algorithm.name={name}"], check_paths=False).ref.enable == ref
 
 
 @pytest.mark.parametrize(

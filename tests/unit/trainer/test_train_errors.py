@@ -97,4 +97,4 @@ def test_preference_data_in_the_wrong_format_names_the_file_row_and_columns(
     captured = capsys.readouterr()
     assert f"megarl {job}: error: data.train_files: no usable" in captured.err, captured.err
     columns = "`completion` and `label`" if job == "kto" else "`chosen` and `rejected`"
-    assert f"{data} row 0" in captured.out and columns in captured.out + captured.err, captured
+    assert "sft.parquet row 0" in captured.out and columns in captured.out + captured.err, captured
