@@ -140,11 +140,3 @@ def batches(items: Sequence[T], batch_size: int, seed: int, epoch: int) -> Itera
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed * 100003 + epoch))
     for start in range(0, len(items) - batch_size + 1, batch_size):
         yield [items[i] for i in order[start : start + batch_size].tolist()]
-
-
-def sft_batches(
-    examples: list[SFTExample], batch_size: int, seed: int, epoch: int, pad_token_id: int
-) -> Iterator[Batch]:
-    """`sft_batch`es of one epoch of `batches`."""
-    for chunk in batches(examples, batch_size, seed, epoch):
-        yield sft_batch(chunk, pad_token_id)

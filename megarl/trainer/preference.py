@@ -1,8 +1,8 @@
 """Offline preference training on Megatron: DPO, IPO, KTO, ORPO and SimPO with the actor's workers and
-layouts, the SFT trainer's data path, logging and Hugging Face export.
+layouts, the loop SFT uses (megarl.trainer.offline): data, logging, validation and Hugging Face export.
 
-    megarl dpo configs/quickstart_dpo.yaml data.train_files=[pairs.parquet]
-    megarl kto configs/quickstart_dpo.yaml data.train_files=[kto.parquet]
+    megarl dpo configs/quickstart_preference.yaml data.train_files=[pairs.parquet]
+    megarl kto configs/quickstart_preference.yaml data.train_files=[kto.parquet]
     DPOTrainer(cfg).fit()   # … KTOTrainer, ORPOTrainer, SimPOTrainer, IPOTrainer
 
 Each step is one optimizer step on `data.train_batch_size` pairs (KTO: examples); the loss is the mean
@@ -20,25 +20,26 @@ same metrics under `val/`; KTO evaluates pair files (prompt/chosen/rejected) wit
 from __future__ import annotations
 
 import copy
-import json
-import time
-from pathlib import Path
 from typing import TextIO
 
 import torch
 
 from megarl.algorithms import preference as pref
-from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings, kto_terms, pair_terms
+from megarl.algorithms.preference_terms import (
+    BatchCounts,
+    PreferenceSettings,
+    kto_terms,
+    pair_terms,
+    sequence_values,
+)
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
 from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS, REFERENCE_ALGORITHMS
 from megarl.data import preference as data
 from megarl.data.files import DataError, read_rows
-from megarl.observe.profiling import StepProfiler
-from megarl.observe.progress import ProgressLog
 from megarl.protocol import Batch
+from megarl.trainer.offline import OfflineTrainer
 from megarl.trainer.rl_stages import role_metrics
-from megarl.trainer.roles import build_roles, is_writer_process
 
 
 def preference_config(cfg: MegarlConfig, name: str | None = None) -> MegarlConfig:
@@ -65,93 +66,35 @@ def _has_pairs(files: list[str], cfg: MegarlConfig, config_key: str) -> bool:
     return False
 
 
-class PreferenceTrainer:
+class PreferenceTrainer(OfflineTrainer):
     algorithm: str | None = None  # set by DPOTrainer & co.; None = cfg.algorithm.name
 
     def __init__(self, cfg: MegarlConfig, stream: TextIO | None = None) -> None:
-        from transformers import AutoTokenizer
-
-        self.cfg = cfg = preference_config(cfg, self.algorithm)
+        cfg = preference_config(cfg, self.algorithm)
         self.settings = PreferenceSettings.from_config(cfg)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
-        self.pad = self.tokenizer.pad_token_id
-        self.examples = self._load(cfg.data.train_files, "data.train_files", self.settings.paired)
-        self.val_examples = []
-        if cfg.data.val_files:
-            paired = self.settings.paired or _has_pairs(cfg.data.val_files, cfg, "data.val_files")
-            self.val_examples = self._load(cfg.data.val_files, "data.val_files", paired)
-        if not self.settings.paired and len(self.examples) < 2:
-            raise DataError("data.train_files: KTO needs at least 2 examples (its KL pairs mismatch them)")
-        self.batch_size = min(cfg.data.train_batch_size, len(self.examples))
-        self.steps_per_epoch = len(self.examples) // self.batch_size
-        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
-        self.output_dir = Path(cfg.trainer.output_dir)
+        self.job = cfg.algorithm.name
+        self.items = "pairs" if self.settings.paired else "examples"
         self.ref_cache: dict[str, torch.Tensor] = {}
-        self.roles = None
-        self.log = ProgressLog.for_run(cfg, self.total_steps, is_writer_process(cfg), stream)
-        try:
-            with self.log.task("starting the actor's workers"):
-                self.roles = build_roles(cfg, self.total_steps)
-            self.profiler = StepProfiler.for_run(cfg, {"actor": self.roles.actor}, self.roles.is_writer)
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(cfg, stream)
 
-    def _load(self, files: list[str], key: str, paired: bool) -> list:
+    def load(self, files: list[str], config_key: str) -> list:
+        examples = self._load(files, config_key, self.settings.paired)
+        if not self.settings.paired and len(examples) < 2:
+            raise DataError(f"{config_key}: KTO needs at least 2 examples (its KL pairs mismatch them)")
+        return examples
+
+    def load_val(self, files: list[str], config_key: str) -> list:
+        return self._load(files, config_key, self.settings.paired or _has_pairs(files, self.cfg, config_key))
+
+    def _load(self, files: list[str], config_key: str, paired: bool) -> list:
         loader = data.load_preference_pairs if paired else data.load_kto_examples
-        return loader(files, self.tokenizer, self.cfg.data, key)
+        return loader(files, self.tokenizer, self.cfg.data, config_key)
 
-    def close(self) -> None:
-        """Stop the workers and flush and close the logging backends; idempotent."""
-        try:
-            if self.roles is not None:
-                self.roles.shutdown()
-        finally:
-            self.log.close()
+    def before_training(self) -> None:
+        if self.cfg.preference.precompute_ref:
+            self._precompute_reference()
 
-    # ---- the loop ------------------------------------------------------------------------------------
-
-    def fit(self) -> Path:
-        """Train, then export; returns the HF checkpoint directory."""
-        try:
-            name = self.settings.name
-            self.log.message(
-                f"megarl {name}: {len(self.examples)} {'pairs' if self.settings.paired else 'examples'}, "
-                f"{self.total_steps} steps of {self.batch_size} on {self.cfg.model.path}"
-            )
-            if self.cfg.preference.precompute_ref:
-                self._precompute_reference()
-            every = self.cfg.trainer.eval_every
-            if self.val_examples and self.cfg.trainer.val_before_train:
-                self.log.log(0, self.validate())
-            step, epoch, metrics = 0, 0, {}
-            while step < self.total_steps:
-                order = list(range(len(self.examples)))
-                for indices in data.batches(order, self.batch_size, self.cfg.data.seed, epoch):
-                    step += 1
-                    with self.profiler.step(step):
-                        metrics = self.train_step(indices)
-                    metrics["data/epoch"] = epoch
-                    last = step == self.total_steps
-                    if self.val_examples and (last or (every and step % every == 0)):
-                        metrics.update(self.validate())
-                    self.log.log(step, metrics)
-                    if last:
-                        break
-                epoch += 1
-            with self.log.task(f"writing the Hugging Face checkpoint to {self.output_dir / 'hf'}"):
-                out = self.roles.actor.export_hf(str(self.output_dir / "hf"))[0]
-            if self.roles.is_writer:
-                self.log.message(f"megarl {name}: wrote the Hugging Face checkpoint {out}")
-                summary = {"algorithm": name, "steps": self.total_steps, "hf_checkpoint": out, **metrics}
-                (self.output_dir / f"{name}_summary.json").write_text(json.dumps(summary, indent=2))
-            return Path(out)
-        finally:
-            self.close()
-
-    def train_step(self, indices: list[int]) -> dict[str, float]:
-        """One optimizer step on the examples at `indices`; the step's metrics."""
-        start = time.perf_counter()
+    def train_step(self, indices: list[int]) -> tuple[dict[str, float], int]:
         items = [self.examples[i] for i in indices]
         extra: dict[str, float] = {}
         if self.settings.paired:
@@ -167,15 +110,7 @@ class PreferenceTrainer:
             batch["ref_logps"] = self._reference(batch, indices, "train")
         metrics = role_metrics("actor", self.roles.actor.preference_update(batch, self.settings, counts))
         metrics["pref/loss"] = metrics.pop("actor/loss")
-        seconds = time.perf_counter() - start
-        metrics.update(
-            {
-                **extra,
-                "step_seconds": seconds,
-                "throughput/tokens_per_s": float(batch["attention_mask"].sum()) / seconds,
-            }
-        )
-        return metrics
+        return {**metrics, **extra}, int(batch["attention_mask"].sum())
 
     # ---- reference and policy log-probs ----------------------------------------------------------------
 
@@ -230,12 +165,11 @@ class PreferenceTrainer:
 
     def validate(self) -> dict[str, float]:
         """The loss and reward metrics over data.val_files, under `val/`."""
-        with self.log.task(f"validation on {len(self.val_examples)} examples"):
-            examples = self.val_examples
-            indices = list(range(len(examples)))
-            if isinstance(examples[0], data.PreferencePair):
-                return self._validate_pairs(examples, indices)
-            return self._validate_kto(examples, indices)
+        examples = self.val_examples
+        indices = list(range(len(examples)))
+        if isinstance(examples[0], data.PreferencePair):
+            return self._validate_pairs(examples, indices)
+        return self._validate_kto(examples, indices)
 
     def _logps(self, batch: Batch) -> torch.Tensor:
         """[rows, R] the policy's token log-probs of `batch`."""
@@ -246,7 +180,7 @@ class PreferenceTrainer:
         s = self.settings if self.settings.paired else PreferenceSettings("dpo", self.settings.beta)
         batch = data.pair_batch(pairs, self.pad)
         token_logps, mask = self._logps(batch), batch["response_mask"].double()
-        values = pref.sequence_logps(token_logps, mask, average=s.name in ("orpo", "simpo"))
+        values = sequence_values(s, token_logps, mask)
         ref = self._reference(batch, indices, "val").double() if s.uses_reference else None
         counts = BatchCounts(len(pairs), chosen_tokens=sum(len(p.chosen_ids) for p in pairs))
         nll = -(token_logps[0::2] * mask[0::2]).sum(-1)

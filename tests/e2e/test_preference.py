@@ -76,7 +76,7 @@ def preference_runs(rl_setup, tmp_path_factory):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs["simpo"] = PreferenceRun(root / "simpo", jsonl_history(root / "simpo"))
     # the same DPO steps with the reference precomputed for the whole data set
-    cached = ("preference.precompute_ref=true", "trainer.total_steps=2", "trainer.val_before_train=false")
+    cached = ("preference.precompute_ref=true", "trainer.total_steps=3", "trainer.val_before_train=false")
     preference.DPOTrainer(load_config(CONFIG, overrides("dpo", *cached, out="dpo_cached"))).fit()
     runs["dpo_cached"] = PreferenceRun(root / "dpo_cached", jsonl_history(root / "dpo_cached"))
     return runs, problems
@@ -141,5 +141,5 @@ def test_runs_write_a_summary_and_a_loadable_hf_checkpoint(preference_runs):
     for name in ALGORITHMS:
         out = preference_runs[0][name].out
         summary = json.loads((out / f"{name}_summary.json").read_text())
-        assert summary["algorithm"] == name and summary["steps"] == STEPS
+        assert summary["job"] == name and summary["steps"] == STEPS
         assert (out / "hf" / "config.json").is_file()
