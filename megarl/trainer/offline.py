@@ -8,7 +8,13 @@ epoch dropped), one optimizer step of the actor's workers each, validation, and 
 Validation (data.val_files) runs before the first step (trainer.val_before_train, logged as step 0),
 every trainer.eval_every steps and after the last. `<output_dir>/<job>_summary.json` holds the last
 step's metrics and the checkpoint path. A subclass loads its examples and defines one step and the
-validation; everything else — workers, logging, profiling, shutdown — is here.
+validation; everything else — workers, logging, profiling, checkpoints, shutdown — is here.
+
+Checkpoints are the RL trainer's (megarl.trainer.checkpoint): `trainer.save_every` /
+`trainer.max_checkpoints` write `<output_dir>/checkpoints/step_<N>/actor/` (weights, optimizer, LR
+schedule, RNG) atomically, and `trainer.resume` (auto by default) continues a run from one: the data
+position is the step itself (the order is fixed by data.seed and the epoch), checked against the data
+set's size and the batch size.
 """
 
 from __future__ import annotations
@@ -22,6 +28,15 @@ from megarl.config.schema import MegarlConfig
 from megarl.data.sft import batches
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
+from megarl.observe.run_files import write_run_files
+from megarl.trainer.checkpoint import (
+    ResumeError,
+    RunCheckpoints,
+    check_resumable,
+    precheck_roles,
+    read_trainer_state,
+    resolve_resume,
+)
 from megarl.trainer.roles import build_roles, is_writer_process
 
 
@@ -42,15 +57,54 @@ class OfflineTrainer:
         self.steps_per_epoch = len(self.examples) // self.batch_size
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
         self.output_dir = Path(cfg.trainer.output_dir)
+        # trainer.resume: the checkpoint to continue from, checked before any worker starts
+        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
+        resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
+        if resumed is not None:
+            check_resumable(self.resume_from, ["actor"])
+            precheck_roles(self.resume_from, cfg, self.total_steps, ["actor"])
+            self._check_data_position(resumed.get("data", {}))
+        self.start_step = resumed["step"] if resumed is not None else 0
         self.roles = None
-        self.log = ProgressLog.for_run(cfg, self.total_steps, is_writer_process(cfg), stream)
+        writer = is_writer_process(cfg)
+        self.log = ProgressLog.for_run(
+            cfg, self.total_steps, writer, stream, resume_step=self.start_step if resumed else None
+        )
         try:
+            if writer:  # config.yaml + run_info.json (machine, layout)
+                write_run_files(cfg, self.output_dir)
             with self.log.task("starting the actor's workers"):
                 self.roles = build_roles(cfg, self.total_steps)
             self.profiler = StepProfiler.for_run(cfg, {"actor": self.roles.actor}, self.roles.is_writer)
+            spmd = cfg.trainer.launcher == "torchrun"
+            groups = {"actor": self.roles.actor}
+            self.checkpoints = RunCheckpoints(
+                self.output_dir, groups, self.roles.is_writer, cfg.trainer.max_checkpoints, spmd
+            )
+            if resumed is not None:
+                with self.log.task(f"resuming from {self.resume_from}"):
+                    self.roles.actor.load_checkpoint(str(self.resume_from / "actor"))
+            if self.roles.is_writer and (superseded := self.checkpoints.supersede_after(self.start_step)):
+                self.log.warn(
+                    f"megarl {self.job}: checkpoints after step {self.start_step} belong to another run's "
+                    f"future; kept aside as {', '.join(n + '.superseded' for n in superseded)}"
+                )
         except BaseException:
             self.close()
             raise
+
+    def _data_position(self) -> dict[str, int]:
+        return {"seed": self.cfg.data.seed, "n_rows": len(self.examples), "batch_size": self.batch_size}
+
+    def _check_data_position(self, saved: dict[str, int]) -> None:
+        ours = self._data_position()
+        changed = [f"{k} {saved.get(k)} → {v}" for k, v in ours.items() if saved.get(k) != v]
+        if changed:
+            raise ResumeError(
+                f"{self.resume_from}: the saved data position does not fit this run's data ({', '.join(changed)}: "
+                "data.seed, the usable rows of data.train_files, data.train_batch_size); resume with the same "
+                "data, or start afresh with trainer.resume=disable"
+            )
 
     # ---- what a subclass defines ---------------------------------------------------------------------
 
@@ -90,7 +144,8 @@ class OfflineTrainer:
                 f"{self.batch_size} on {self.cfg.model.path}"
             )
             self.before_training()
-            if self.val_examples and self.cfg.trainer.val_before_train:
+            fresh = self.start_step == 0
+            if fresh and self.val_examples and self.cfg.trainer.val_before_train:
                 self.log.log(0, self._validate())
             metrics = self._train()
             return self._export(metrics)
@@ -98,10 +153,15 @@ class OfflineTrainer:
             self.close()
 
     def _train(self) -> dict[str, float]:
-        every, step, epoch, metrics = self.cfg.trainer.eval_every, 0, 0, {}
+        every, step, metrics = self.cfg.trainer.eval_every, self.start_step, {}
+        epoch, done_in_epoch = divmod(step, self.steps_per_epoch)  # a resumed run's data position
         while step < self.total_steps:
             order = list(range(len(self.examples)))
-            for indices in batches(order, self.batch_size, self.cfg.data.seed, epoch):
+            epoch_batches = batches(order, self.batch_size, self.cfg.data.seed, epoch)
+            for _ in range(done_in_epoch):
+                next(epoch_batches)
+            done_in_epoch = 0
+            for indices in epoch_batches:
                 step += 1
                 with self.profiler.step(step):
                     start = time.perf_counter()
@@ -117,11 +177,25 @@ class OfflineTrainer:
                 last = step == self.total_steps
                 if self.val_examples and (last or (every and step % every == 0)):
                     metrics.update(self._validate())
+                if self._save_due(step):
+                    metrics.update(self._save(step))
                 self.log.log(step, metrics)
                 if last:
                     break
             epoch += 1
         return metrics
+
+    def _save_due(self, step: int) -> bool:
+        every = self.cfg.trainer.save_every
+        return every >= 0 and (step == self.total_steps or (every > 0 and step % every == 0))
+
+    def _save(self, step: int) -> dict[str, float]:
+        from megarl.config import config_to_yaml
+
+        with self.log.task(f"saving checkpoint step_{step}"):
+            state = {"data": self._data_position()}
+            report = self.checkpoints.save(step, state, config_to_yaml(self.cfg))
+        return {"timing/save_checkpoint": report.seconds, "checkpoint/bytes": float(report.bytes)}
 
     def _validate(self) -> dict[str, float]:
         with self.log.task(f"validation on {len(self.val_examples)} {self.items}"):

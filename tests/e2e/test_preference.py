@@ -63,20 +63,22 @@ def preference_runs(rl_setup, tmp_path_factory):
             f"data.val_files=[{val_file}]",
             f"trainer.output_dir={root / (out or name)}",
             f"trainer.total_steps={STEPS}",
+            "trainer.save_every=-1",  # the DPO run saves (and the cached run resumes from it)
             *extra,
         ]
 
     runs = {}
     for name, trainer in TRAINERS.items():
-        extra = ("preference.precompute_ref=true",) if name == "kto" else ()
+        extra = {"kto": ("preference.precompute_ref=true",), "dpo": ("trainer.save_every=8",)}.get(name, ())
         trainer(load_config(CONFIG, overrides(name, *extra))).fit()
         runs[name] = PreferenceRun(root / name, jsonl_history(root / name))
     # SimPO through the command line, as a user runs it
     proc = megarl_cli("simpo", CONFIG, *overrides("simpo"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs["simpo"] = PreferenceRun(root / "simpo", jsonl_history(root / "simpo"))
-    # the same DPO steps with the reference precomputed for the whole data set
-    cached = ("preference.precompute_ref=true", "trainer.total_steps=3", "trainer.val_before_train=false")
+    # the DPO run's last 8 steps again, resumed from its step 8, with the reference precomputed
+    resume = root / "dpo" / "checkpoints" / "step_8"
+    cached = ("preference.precompute_ref=true", f"trainer.resume={resume}")
     preference.DPOTrainer(load_config(CONFIG, overrides("dpo", *cached, out="dpo_cached"))).fit()
     runs["dpo_cached"] = PreferenceRun(root / "dpo_cached", jsonl_history(root / "dpo_cached"))
     return runs, problems
@@ -129,12 +131,18 @@ def test_greedy_accuracy_moves_with_the_preference(greedy_accuracy, name):
     assert greedy_accuracy[name] > greedy_accuracy["sft"] + 0.1, greedy_accuracy
 
 
-def test_precomputed_reference_gives_the_same_steps_as_a_reference_forward_per_batch(preference_runs):
+def test_a_resumed_run_with_a_precomputed_reference_repeats_the_same_steps(preference_runs):
     runs = preference_runs[0]
     cached, live = runs["dpo_cached"].history, runs["dpo"].history
-    for step in (1, 2):
+    assert sorted(cached) == list(range(9, STEPS + 1))  # it continued after step 8
+    for step in range(9, STEPS + 1):
         for key in ("pref/loss", "rewards/chosen", "rewards/rejected", "actor/grad_norm"):
             assert cached[step][key] == pytest.approx(live[step][key], rel=1e-5, abs=1e-7), (step, key)
+    for key in ("val/rewards/accuracy", "val/rewards/margin", "val/pref/loss"):
+        assert cached[STEPS][key] == pytest.approx(live[STEPS][key], rel=1e-5, abs=1e-7), key
+    checkpoints = runs["dpo"].out / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_16", "step_8"]
+    assert (checkpoints / "latest").read_text().strip() == "step_16"
 
 
 def test_runs_write_a_summary_and_a_loadable_hf_checkpoint(preference_runs):
