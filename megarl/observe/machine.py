@@ -17,6 +17,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from megarl.config.validate_algorithm import RL_ALGORITHMS
+
 # distributions whose versions matter for a run's numbers; the first installed name of each entry is used
 _VERSIONED = {
     "torch": ("torch",),
@@ -63,7 +65,7 @@ def role_layouts(cfg: Any) -> dict[str, dict[str, Any]]:
         except ValueError as e:  # a config built in Python and never validated: record it as it is
             entry["layout"] = f"invalid ({e})"
         out[role] = entry
-    if cfg.algorithm.name not in ("sft", "dpo"):
+    if cfg.algorithm.name in RL_ALGORITHMS:  # the offline trainers have no rollout
         out["rollout"] = {"engine": cfg.rollout.engine, "tp": cfg.rollout.tp, "n": cfg.rollout.n}
     return out
 
