@@ -85,6 +85,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
     """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
+    from megarl.config.validate_algorithm import RL_ALGORITHMS
     from megarl.controller import faults
     from megarl.controller.rank_status import RANK_STATUS
     from megarl.controller.resource_pool import ResourcePoolError
@@ -105,6 +106,13 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         faults.active()  # a bad MEGARL_FAULT fails here, not inside a worker
     except (ConfigError, FileNotFoundError, faults.FaultSpecError) as e:
         print(f"megarl {job}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if job == "train" and cfg.algorithm.name not in RL_ALGORITHMS:
+        name = cfg.algorithm.name
+        print(
+            f"megarl train: error: algorithm.name={name} is not RL training; run `megarl {name} {config}`",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if cfg.trainer.launcher == "torchrun" and not _under_torchrun():
         return _relaunch_with_torchrun(cfg, argv)

@@ -125,14 +125,16 @@ def kto_terms(
         logps, ref_logps, desirable, counts.ref_point, s.beta, s.desirable_weight, s.undesirable_weight
     )
     good, bad = desirable.to(logps.dtype), (~desirable).to(logps.dtype)
-    n = counts.items
-    per_good = good * n / max(counts.desirable, 1)
-    per_bad = bad * n / max(counts.undesirable, 1)
-    metrics = {
-        "rewards/chosen": out.rewards * per_good,
-        "rewards/rejected": out.rewards * per_bad,
-        "rewards/margin": out.rewards * (per_good - per_bad),
-        "logps/chosen": logps.detach() * per_good,
-        "logps/rejected": logps.detach() * per_bad,
-    }
+    n, metrics = counts.items, {}
+    # a side the batch has no example of has no mean: its metrics (and the margin) are left out
+    per_good = good * n / counts.desirable if counts.desirable else None
+    per_bad = bad * n / counts.undesirable if counts.undesirable else None
+    if per_good is not None:
+        metrics["rewards/chosen"] = out.rewards * per_good
+        metrics["logps/chosen"] = logps.detach() * per_good
+    if per_bad is not None:
+        metrics["rewards/rejected"] = out.rewards * per_bad
+        metrics["logps/rejected"] = logps.detach() * per_bad
+    if per_good is not None and per_bad is not None:
+        metrics["rewards/margin"] = out.rewards * (per_good - per_bad)
     return out.losses, metrics

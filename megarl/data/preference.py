@@ -21,7 +21,8 @@ row and skipped.
 
 Batches have `sft_batch`'s layout (left-padded prompts ‖ right-padded responses, response_mask):
 `pair_batch` interleaves each pair's chosen and rejected rows, `kto_batch` adds the `desirable` label and
-`kto_kl_batch` pairs prompt i with completion i+1 (KTO's KL reference point). `batches` is the epoch order.
+`kto_kl_batch` pairs each prompt with another example's completion (KTO's KL reference point, partners
+from `kl_partners`). `batches` is the epoch order.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "PreferencePair",
     "batches",
     "kto_batch",
+    "kl_partners",
     "kto_kl_batch",
     "load_kto_examples",
     "load_preference_pairs",
@@ -236,17 +238,38 @@ def kto_batch(examples: list[KTOExample], pad_token_id: int) -> Batch:
     return batch
 
 
-def kto_kl_batch(examples: list[KTOExample], pad_token_id: int, indices: list[int] | None = None) -> Batch:
-    """KTO's KL reference point: for each i of `indices` (default: all), prompt i with completion
-    (i+1) mod N of `examples`, a mismatched pair (fixed by the data-set order, so a precomputed
-    reference log-prob of it stays valid in any batch)."""
+def kl_partners(examples: list[KTOExample], seed: int = 0) -> list[int]:
+    """For each example, whose completion its prompt is paired with in KTO's KL estimate: the next one
+    along a fixed-seed random cycle through the data set (never itself), stepping on past completions of
+    the same prompt where one of the next few differs (data made from pairs often has both answers of a
+    prompt on adjacent rows, and a matched pair would bias the reference point)."""
     n = len(examples)
     if n < 2:
         raise ValueError(
             f"the KTO KL batch mismatches prompts and completions, which needs ≥ 2 examples, got {n}"
         )
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    position = {i: k for k, i in enumerate(order)}
+    partners = []
+    for i in range(n):
+        candidates = [order[(position[i] + step) % n] for step in range(1, min(n, 9))]
+        differ = [j for j in candidates if examples[j].prompt_ids != examples[i].prompt_ids]
+        partners.append(differ[0] if differ else candidates[0])
+    return partners
+
+
+def kto_kl_batch(
+    examples: list[KTOExample],
+    pad_token_id: int,
+    indices: list[int] | None = None,
+    partners: list[int] | None = None,
+) -> Batch:
+    """KTO's KL reference point: for each i of `indices` (default: all), prompt i with the completion of
+    its partner (`kl_partners(examples)` unless given): fixed by the data set, so a precomputed reference
+    log-prob of the pair stays valid in any batch."""
+    partners = kl_partners(examples) if partners is None else partners
     rows = [
-        SFTExample(examples[i].where, examples[i].prompt_ids, examples[(i + 1) % n].completion_ids)
-        for i in (range(n) if indices is None else indices)
+        SFTExample(examples[i].where, examples[i].prompt_ids, examples[partners[i]].completion_ids)
+        for i in (range(len(examples)) if indices is None else indices)
     ]
     return sft_batch(rows, pad_token_id)

@@ -86,6 +86,23 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     return step_dir
 
 
+RL_JOB = "rl"  # what a checkpoint without a "job" (the RL trainer's, issue 13's format) was saved by
+
+
+def check_job(step_dir: Path, state: dict[str, Any], job: str) -> None:
+    """The checkpoint was saved by the same kind of run (RL, sft, dpo, …): another's state does not fit."""
+    saved = state.get("job", RL_JOB)
+    if saved != job:
+
+        def name(j: str) -> str:
+            return "megarl train (RL)" if j == RL_JOB else f"megarl {j}"
+
+        raise ResumeError(
+            f"{step_dir} was saved by {name(saved)}, but this run is {name(job)}; give this run its own "
+            "trainer.output_dir, or start afresh with trainer.resume=disable"
+        )
+
+
 def read_trainer_state(step_dir: Path) -> dict[str, Any]:
     path = step_dir / TRAINER_STATE
     try:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from megarl.config.schema import MegarlConfig
+from megarl.data.files import DataError
 from megarl.data.sft import batches
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
@@ -32,12 +33,25 @@ from megarl.observe.run_files import write_run_files
 from megarl.trainer.checkpoint import (
     ResumeError,
     RunCheckpoints,
+    check_job,
     check_resumable,
     precheck_roles,
     read_trainer_state,
     resolve_resume,
 )
 from megarl.trainer.roles import build_roles, is_writer_process
+
+
+def offline_batch_size(train_batch_size: int, n_rows: int, dp: int) -> int:
+    """Items per step: data.train_batch_size, or all usable rows when fewer, rounded down to a multiple
+    of the actor's data-parallel size (a padded share would train on repeated rows)."""
+    size = min(train_batch_size, n_rows) // dp * dp
+    if size == 0:
+        raise DataError(
+            f"data.train_files has {n_rows} usable row(s), fewer than the actor's {dp} data-parallel ranks; "
+            "add data or use fewer ranks"
+        )
+    return size
 
 
 class OfflineTrainer:
@@ -53,7 +67,9 @@ class OfflineTrainer:
         self.pad = self.tokenizer.pad_token_id
         self.examples = self.load(cfg.data.train_files, "data.train_files")
         self.val_examples = self.load_val(cfg.data.val_files, "data.val_files") if cfg.data.val_files else []
-        self.batch_size = min(cfg.data.train_batch_size, len(self.examples))
+        self.batch_size = offline_batch_size(
+            cfg.data.train_batch_size, len(self.examples), cfg.layout("actor").dp
+        )
         self.steps_per_epoch = len(self.examples) // self.batch_size
         self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
         self.output_dir = Path(cfg.trainer.output_dir)
@@ -61,6 +77,7 @@ class OfflineTrainer:
         self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
         resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
         if resumed is not None:
+            check_job(self.resume_from, resumed, self.job)
             check_resumable(self.resume_from, ["actor"])
             precheck_roles(self.resume_from, cfg, self.total_steps, ["actor"])
             self._check_data_position(resumed.get("data", {}))
@@ -143,6 +160,11 @@ class OfflineTrainer:
                 f"megarl {self.job}: {len(self.examples)} {self.items}, {self.total_steps} steps of "
                 f"{self.batch_size} on {self.cfg.model.path}"
             )
+            if self.start_step >= self.total_steps:
+                self.log.warn(
+                    f"megarl {self.job}: {self.resume_from} is at step {self.start_step}, trainer.total_steps="
+                    f"{self.total_steps}: nothing left to train; exporting it (trainer.resume=disable starts afresh)"
+                )
             self.before_training()
             fresh = self.start_step == 0
             if fresh and self.val_examples and self.cfg.trainer.val_before_train:
@@ -193,7 +215,7 @@ class OfflineTrainer:
         from megarl.config import config_to_yaml
 
         with self.log.task(f"saving checkpoint step_{step}"):
-            state = {"data": self._data_position()}
+            state = {"job": self.job, "data": self._data_position()}
             report = self.checkpoints.save(step, state, config_to_yaml(self.cfg))
         return {"timing/save_checkpoint": report.seconds, "checkpoint/bytes": float(report.bytes)}
 

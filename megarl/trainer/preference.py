@@ -9,8 +9,9 @@ Each step is one optimizer step on `data.train_batch_size` pairs (KTO: examples)
 over them, whatever the TP/PP/DP layout and micro-batching (a micro-batch holds whole pairs). The
 reference (dpo, ipo, kto) runs in the actor's processes and scores each batch, or with
 `preference.precompute_ref=true` scores the whole data set once before training and is then offloaded.
-KTO's reference point z0 comes from mismatched (prompt, completion) pairs: example i's prompt with
-example i+1's completion (data-set order), scored by the policy (no gradient) and the reference.
+KTO's reference point z0 comes from mismatched (prompt, completion) pairs: each example's prompt with
+another example's completion (fixed per run, `megarl.data.preference.kl_partners`), scored by the policy
+(no gradient) and the reference.
 
 Validation (data.val_files, at step 0, every trainer.eval_every steps and after the last) logs the
 same metrics under `val/`; KTO evaluates pair files (prompt/chosen/rejected) with its implied reward
@@ -33,7 +34,7 @@ from megarl.algorithms.preference_terms import (
     sequence_values,
 )
 from megarl.config.schema import MegarlConfig
-from megarl.config.validate import resolve_auto
+from megarl.config.validate import resolve_auto, validate
 from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS, REFERENCE_ALGORITHMS
 from megarl.data import preference as data
 from megarl.data.files import DataError, read_rows
@@ -56,6 +57,7 @@ def preference_config(cfg: MegarlConfig, name: str | None = None) -> MegarlConfi
     # the loss decides (a config resolved under another algorithm name may say otherwise)
     cfg.ref.enable = cfg.algorithm.name in REFERENCE_ALGORITHMS
     cfg.rollout.temperature = 1.0  # log-probs of the model itself, not of a sampler
+    validate(cfg, check_paths=False)  # a config checked under another algorithm name may not fit this one
     return resolve_auto(cfg)
 
 
@@ -75,20 +77,31 @@ class PreferenceTrainer(OfflineTrainer):
         self.job = cfg.algorithm.name
         self.items = "pairs" if self.settings.paired else "examples"
         self.ref_cache: dict[str, torch.Tensor] = {}
+        self.kl_partners: dict[str, list[int]] = {}
         super().__init__(cfg, stream)
 
     def load(self, files: list[str], config_key: str) -> list:
-        examples = self._load(files, config_key, self.settings.paired)
-        if not self.settings.paired and len(examples) < 2:
-            raise DataError(f"{config_key}: KTO needs at least 2 examples (its KL pairs mismatch them)")
-        return examples
+        return self._load(files, config_key, self.settings.paired)
 
     def load_val(self, files: list[str], config_key: str) -> list:
         return self._load(files, config_key, self.settings.paired or _has_pairs(files, self.cfg, config_key))
 
     def _load(self, files: list[str], config_key: str, paired: bool) -> list:
-        loader = data.load_preference_pairs if paired else data.load_kto_examples
-        return loader(files, self.tokenizer, self.cfg.data, config_key)
+        if paired:
+            return data.load_preference_pairs(files, self.tokenizer, self.cfg.data, config_key)
+        examples = data.load_kto_examples(files, self.tokenizer, self.cfg.data, config_key)
+        if len(examples) < 2:
+            raise DataError(
+                f"{config_key}: KTO needs at least 2 usable examples (its KL pairs mismatch them)"
+            )
+        return examples
+
+    def _partners(self, split: str) -> list[int]:
+        """KTO's KL partners of the `split` examples, fixed for the run (data.seed)."""
+        if split not in self.kl_partners:
+            examples = self.examples if split == "train" else self.val_examples
+            self.kl_partners[split] = data.kl_partners(examples, self.cfg.data.seed)
+        return self.kl_partners[split]
 
     def before_training(self) -> None:
         if self.cfg.preference.precompute_ref:
@@ -130,7 +143,7 @@ class PreferenceTrainer(OfflineTrainer):
     def _kto_ref_point(self, indices: list[int], split: str) -> float:
         """z0 of KTO for the examples at `indices`: their mismatched pairs under the policy and reference."""
         examples = self.examples if split == "train" else self.val_examples
-        kl_batch = data.kto_kl_batch(examples, self.pad, indices)
+        kl_batch = data.kto_kl_batch(examples, self.pad, indices, self._partners(split))
         policy = self._sequence_sums(self.roles.actor, kl_batch, "old_log_probs", "log_prob")
         ref = self._reference(kl_batch, indices, split, kl=True)
         return float(pref.kto_ref_point(policy, ref))
@@ -152,7 +165,7 @@ class PreferenceTrainer(OfflineTrainer):
                     sums = self._sequence_sums(self.roles.ref, batch, "ref_log_probs", "ref_log_prob")
                     parts.append(sums.reshape(-1, 2) if paired else sums)
                     if not paired:
-                        kl_batch = data.kto_kl_batch(examples, self.pad, indices)
+                        kl_batch = data.kto_kl_batch(examples, self.pad, indices, self._partners(split))
                         kl_parts.append(
                             self._sequence_sums(self.roles.ref, kl_batch, "ref_log_probs", "ref_log_prob")
                         )

@@ -34,9 +34,11 @@ from megarl.observe.run_files import read_metrics, write_run_files
 from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.checkpoint import (
+    RL_JOB,
     ResumeError,
     RunCheckpoints,
     capture_rng,
+    check_job,
     check_resumable,
     precheck_roles,
     read_trainer_state,
@@ -83,6 +85,7 @@ class RLTrainer:
         self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
         resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
         if resumed is not None:
+            check_job(self.resume_from, resumed, RL_JOB)
             check_resumable(self.resume_from, enabled_roles(cfg))
             precheck_roles(self.resume_from, cfg, self.total_steps, enabled_roles(cfg))
             try:
@@ -280,6 +283,7 @@ class RLTrainer:
     def trainer_state(self) -> dict[str, Any]:
         """What the driver must restore for the next step to be the one an uninterrupted run takes."""
         return {
+            "job": RL_JOB,
             "data": self.loader.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "next_uid": self._next_uid,

@@ -79,3 +79,12 @@ def test_settings_take_the_losss_default_beta_and_pair_terms_need_a_paired_name(
     assert PreferenceSettings.from_config(cfg).beta == 0.3
     with pytest.raises(ValueError, match="not a paired"):
         pair_terms(PreferenceSettings("kto", 0.1), *_pairs(), BatchCounts(6))
+
+
+def test_kto_batch_without_undesirable_examples_reports_no_rejected_side():
+    logps = torch.tensor([-1.0, -2.0], dtype=torch.float64)
+    counts = BatchCounts(2, desirable=2, undesirable=0)
+    _, metrics = kto_terms(
+        PreferenceSettings("kto", 0.1), logps, logps - 0.5, torch.tensor([True, True]), counts
+    )
+    assert sorted(metrics) == ["logps/chosen", "rewards/chosen"]

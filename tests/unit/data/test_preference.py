@@ -12,6 +12,7 @@ from megarl.data.preference import (
     KTOExample,
     PreferencePair,
     batches,
+    kl_partners,
     kto_batch,
     kto_kl_batch,
     load_kto_examples,
@@ -190,14 +191,26 @@ def test_kto_batches_carry_the_label_and_the_kl_batch_shifts_completions():
     batch = kto_batch(examples, pad_token_id=0)
     assert batch["desirable"].dtype == torch.bool and batch["desirable"].tolist() == [True, False, True]
     assert batch["responses"][:, 0].tolist() == [20, 21, 22]
-    kl = kto_kl_batch(examples, pad_token_id=0)
+    kl = kto_kl_batch(examples, pad_token_id=0, partners=[1, 2, 0])
     assert kl["prompts"][:, 0].tolist() == [10, 11, 12]
     assert kl["responses"].tolist() == [[21, 21, 0], [22, 22, 22], [20, 0, 0]]
     assert kl["response_mask"].sum(1).tolist() == [2, 3, 1] and "desirable" not in kl
-    some = kto_kl_batch(examples, pad_token_id=0, indices=[2, 0])  # mismatched over the whole list
+    some = kto_kl_batch(examples, pad_token_id=0, indices=[2, 0], partners=[1, 2, 0])
     assert some["responses"].tolist() == [[20, 0], [21, 21]]
     with pytest.raises(ValueError, match="needs ≥ 2 examples, got 1"):
         kto_kl_batch(examples[:1], pad_token_id=0)
+
+
+def test_kl_partners_are_a_fixed_cycle_that_skips_completions_of_the_same_prompt():
+    # both answers of each prompt on adjacent rows, as KTO data made from pairs usually has them
+    examples = [KTOExample(str(i), [10 + i // 2], [20 + i], i % 2 == 0) for i in range(10)]
+    partners = kl_partners(examples, seed=3)
+    assert partners == kl_partners(examples, seed=3) and partners != kl_partners(examples, seed=4)
+    assert all(examples[j].prompt_ids != examples[i].prompt_ids for i, j in enumerate(partners))
+    same = [KTOExample(str(i), [1], [20 + i], True) for i in range(3)]  # no other prompt exists
+    assert all(j != i for i, j in enumerate(kl_partners(same)))
+    with pytest.raises(ValueError, match="needs ≥ 2 examples, got 1"):
+        kl_partners(same[:1])
 
 
 def test_batches_order_is_fixed_by_seed_and_epoch_and_drops_the_last_partial_batch():

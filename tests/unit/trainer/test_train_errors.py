@@ -98,3 +98,12 @@ def test_preference_data_in_the_wrong_format_names_the_file_row_and_columns(
     assert f"megarl {job}: error: data.train_files: no usable" in captured.err, captured.err
     columns = "`completion` and `label`" if job == "kto" else "`chosen` and `rejected`"
     assert "sft.parquet row 0" in captured.out and columns in captured.out + captured.err, captured
+
+
+def test_megarl_train_on_a_preference_config_points_to_the_right_command(capsys, tiny_models, tmp_path):
+    data = write_parquet(
+        tmp_path / "pairs.parquet", [{"prompt": "reverse 12", "chosen": "21", "rejected": "12"}]
+    )
+    overrides = [f"model.path={tiny_models['llama']}", f"data.train_files=[{data}]"]
+    assert run(PREFERENCE_CONFIG, overrides, job="train") == 2
+    assert "algorithm.name=dpo is not RL training; run `megarl dpo" in capsys.readouterr().err
