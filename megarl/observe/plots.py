@@ -81,7 +81,38 @@ PLOTS = (
         log_y=True,
     ),
     Plot("throughput", "Throughput", "tokens per second", (Curve("throughput/tokens_per_s", "tokens/s"),)),
+    # the offline trainers (megarl sft, megarl dpo|ipo|kto|orpo|simpo)
+    Plot(
+        "sft_loss",
+        "SFT loss",
+        "NLL per response token",
+        (Curve("sft/loss", "train"), Curve("val/loss", "validation")),
+    ),
+    Plot(
+        "preference_loss",
+        "Preference loss",
+        "loss per pair",
+        (Curve("pref/loss", "train"), Curve("val/pref/loss", "validation")),
+    ),
+    Plot(
+        "preference_rewards",
+        "Implicit rewards",
+        "reward (β · log-ratio, or β · mean log-prob)",
+        (
+            Curve("rewards/chosen", "chosen"),
+            Curve("rewards/rejected", "rejected"),
+            Curve("rewards/margin", "margin"),
+            Curve("val/rewards/margin", "validation margin"),
+        ),
+    ),
+    Plot(
+        "preference_accuracy",
+        "Preference accuracy",
+        "fraction of pairs with reward(chosen) > reward(rejected)",
+        (Curve("rewards/accuracy", "train"), Curve("val/rewards/accuracy", "validation")),
+    ),
 )
+OFFLINE_PLOTS = ("sft_loss", "preference_loss", "preference_rewards", "preference_accuracy")
 TIMING_NAME = "timing"  # the per-stage chart, drawn by its own function
 PLOT_NAMES = tuple(p.name for p in PLOTS) + (TIMING_NAME,)
 

@@ -178,12 +178,26 @@ def _validation_section(run: Run) -> list[str]:
     )
     keys = [VAL_KEY] + (sources if len(sources) > 1 else [])
     if not validation_points(run):
+        offline = sorted(k for k in run.keys() if k.startswith("val/"))  # SFT, preference training
+        if offline:
+            return _first_and_last(run, offline)
         return [f"No validation scores ({VAL_KEY}) in {METRICS}: data.val_files unset, or none ran yet."]
     lines = ["| score | first | last | best |", "|---|---|---|---|"]
     for key in keys:
         val = validation_points(run, key)
         cells = [_at_step(val, which) for which in ("first", "last", "best")]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _first_and_last(run: Run, keys: list[str]) -> list[str]:
+    """Every validation metric at its first and last step (no "best": for some lower is better)."""
+    lines = ["| metric | first | last |", "|---|---|---|"]
+    for key in keys:
+        points = [(s, v) for s, v in zip(*run.series(key)) if math.isfinite(v)]
+        if points:
+            val = {"first": points[0], "last": points[-1]}
+            lines.append(f"| {key} | {_at_step(val, 'first')} | {_at_step(val, 'last')} |")
     return lines
 
 

@@ -6,8 +6,8 @@ epoch dropped), one optimizer step of the actor's workers each, validation, and 
     hf_dir = trainer.fit()        # train, validate, write <trainer.output_dir>/hf; workers stop
 
 Validation (data.val_files) runs before the first step (trainer.val_before_train, logged as step 0),
-every trainer.eval_every steps and after the last. `<output_dir>/<job>_summary.json` holds the last
-step's metrics and the checkpoint path. A subclass loads its examples and defines one step and the
+every trainer.eval_every steps and after the last. `<output_dir>/summary.json` holds the job, the last
+step's metrics and the checkpoint path, and `report/report.md` the curves (logging.report). A subclass loads its examples and defines one step and the
 validation; everything else — workers, logging, profiling, checkpoints, shutdown — is here.
 
 Checkpoints are the RL trainer's (megarl.trainer.checkpoint): `trainer.save_every` /
@@ -29,7 +29,8 @@ from megarl.data.files import DataError
 from megarl.data.sft import batches
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
-from megarl.observe.run_files import write_run_files
+from megarl.observe.report import try_write_report
+from megarl.observe.run_files import SUMMARY, write_run_files
 from megarl.trainer.checkpoint import (
     ResumeError,
     RunCheckpoints,
@@ -83,7 +84,7 @@ class OfflineTrainer:
             self._check_data_position(resumed.get("data", {}))
         self.start_step = resumed["step"] if resumed is not None else 0
         self.roles = None
-        writer = is_writer_process(cfg)
+        self.is_writer = writer = is_writer_process(cfg)
         self.log = ProgressLog.for_run(
             cfg, self.total_steps, writer, stream, resume_step=self.start_step if resumed else None
         )
@@ -173,6 +174,8 @@ class OfflineTrainer:
             return self._export(metrics)
         finally:
             self.close()
+            if self.is_writer and self.cfg.logging.report:  # also after a crash; never raises
+                try_write_report(self.output_dir, self.log.message)
 
     def _train(self) -> dict[str, float]:
         every, step, metrics = self.cfg.trainer.eval_every, self.start_step, {}
@@ -189,8 +192,10 @@ class OfflineTrainer:
                     start = time.perf_counter()
                     metrics, tokens = self.train_step(indices)
                     seconds = time.perf_counter() - start
+                # step_seconds = the update + a save; validation is timed on its own (as in RL runs)
                 metrics.update(
                     {
+                        "timing/update_actor": seconds,
                         "step_seconds": seconds,
                         "throughput/tokens_per_s": tokens / seconds,
                         "data/epoch": epoch,
@@ -201,6 +206,7 @@ class OfflineTrainer:
                     metrics.update(self._validate())
                 if self._save_due(step):
                     metrics.update(self._save(step))
+                    metrics["step_seconds"] += metrics["timing/save_checkpoint"]
                 self.log.log(step, metrics)
                 if last:
                     break
@@ -220,8 +226,10 @@ class OfflineTrainer:
         return {"timing/save_checkpoint": report.seconds, "checkpoint/bytes": float(report.bytes)}
 
     def _validate(self) -> dict[str, float]:
+        start = time.perf_counter()
         with self.log.task(f"validation on {len(self.val_examples)} {self.items}"):
-            return self.validate()
+            metrics = self.validate()
+        return {**metrics, "timing/validate": time.perf_counter() - start}
 
     def _export(self, metrics: dict[str, Any]) -> Path:
         with self.log.task(f"writing the Hugging Face checkpoint to {self.output_dir / 'hf'}"):
@@ -229,5 +237,5 @@ class OfflineTrainer:
         if self.roles.is_writer:
             self.log.message(f"megarl {self.job}: wrote the Hugging Face checkpoint {out}")
             summary = {"job": self.job, "steps": self.total_steps, "hf_checkpoint": out, **metrics}
-            (self.output_dir / f"{self.job}_summary.json").write_text(json.dumps(summary, indent=2))
+            (self.output_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
         return Path(out)

@@ -43,6 +43,7 @@ class SFTTrainer(OfflineTrainer):
         batch = sft_batch([self.examples[i] for i in indices], self.pad)
         metrics = role_metrics("actor", self.roles.actor.sft_update(batch))
         metrics["sft/loss"] = metrics.pop("actor/loss")
+        metrics["batch/sequences"] = float(len(indices))
         return metrics, int(batch["attention_mask"].sum())
 
     def validate(self) -> dict[str, float]:

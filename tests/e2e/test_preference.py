@@ -148,6 +148,8 @@ def test_a_resumed_run_with_a_precomputed_reference_repeats_the_same_steps(prefe
 def test_runs_write_a_summary_and_a_loadable_hf_checkpoint(preference_runs):
     for name in ALGORITHMS:
         out = preference_runs[0][name].out
-        summary = json.loads((out / f"{name}_summary.json").read_text())
+        summary = json.loads((out / "summary.json").read_text())
         assert summary["job"] == name and summary["steps"] == STEPS
         assert (out / "hf" / "config.json").is_file()
+        report = (out / "report" / "report.md").read_text()
+        assert "| val/rewards/accuracy |" in report and "(preference_accuracy.png)" in report, report
