@@ -111,6 +111,29 @@ def pair_terms(
     return losses, metrics
 
 
+def interleaved_pair_terms(
+    s: PreferenceSettings,
+    token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    ref_sums: torch.Tensor | None,
+    counts: BatchCounts,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`pair_terms` of rows laid out as the batches are (chosen0, rejected0, chosen1, …): token log-probs
+    [2P, R] with their mask, and the reference's sequence log-prob sums [2P] (None for orpo/simpo)."""
+    values = sequence_values(s, token_logps, mask)
+    ref = None if ref_sums is None else ref_sums.to(values.dtype)
+    nll = -(token_logps[0::2] * mask[0::2]).sum(-1) if s.name == "orpo" else None
+    return pair_terms(
+        s,
+        values[0::2],
+        values[1::2],
+        None if ref is None else ref[0::2],
+        None if ref is None else ref[1::2],
+        counts,
+        nll,
+    )
+
+
 def kto_terms(
     s: PreferenceSettings,
     logps: torch.Tensor,

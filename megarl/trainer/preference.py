@@ -29,9 +29,8 @@ from megarl.algorithms import preference as pref
 from megarl.algorithms.preference_terms import (
     BatchCounts,
     PreferenceSettings,
+    interleaved_pair_terms,
     kto_terms,
-    pair_terms,
-    sequence_values,
 )
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
@@ -194,19 +193,9 @@ class PreferenceTrainer(OfflineTrainer):
         s = self.settings if self.settings.paired else PreferenceSettings("dpo", self.settings.beta)
         batch = data.pair_batch(pairs, self.pad)
         token_logps, mask = self._logps(batch), batch["response_mask"].double()
-        values = sequence_values(s, token_logps, mask)
         ref = self._reference(batch, indices, "val").double() if s.uses_reference else None
         counts = BatchCounts(len(pairs), chosen_tokens=sum(len(p.chosen_ids) for p in pairs))
-        nll = -(token_logps[0::2] * mask[0::2]).sum(-1)
-        losses, metrics = pair_terms(
-            s,
-            values[0::2],
-            values[1::2],
-            None if ref is None else ref[0::2],
-            None if ref is None else ref[1::2],
-            counts,
-            nll,
-        )
+        losses, metrics = interleaved_pair_terms(s, token_logps, mask, ref, counts)
         out = {f"val/{k}": float(v.mean()) for k, v in metrics.items()}
         if self.settings.paired:
             out["val/pref/loss"] = float(losses.mean())

@@ -15,8 +15,8 @@ import torch
 from megarl.algorithms.preference_terms import (
     BatchCounts,
     PreferenceSettings,
+    interleaved_pair_terms,
     kto_terms,
-    pair_terms,
     sequence_values,
 )
 from megarl.workers.log_probs import token_log_probs
@@ -32,24 +32,15 @@ def preference_loss_fn(settings: PreferenceSettings, counts: BatchCounts, vocab_
     def loss_fn(mb: dict, logits: torch.Tensor, _counts: GlobalCounts):
         token_logps, _ = token_log_probs(mb, logits, vocab_size)
         mask = mb["mask"]
-        values = sequence_values(settings, token_logps, mask)
-        ref = mb[REF_LOGPS].to(values.dtype) if settings.uses_reference else None
+        ref = mb[REF_LOGPS] if settings.uses_reference else None
         if settings.paired:
             rows = mb["rows"]
             if len(rows) % 2 or not bool((rows[1::2] == rows[0::2] + 1).all()):
                 raise RuntimeError(f"a preference micro-batch split a pair: rows {rows.tolist()}")
-            nll = -(token_logps[0::2] * mask[0::2]).sum(-1) if settings.name == "orpo" else None
-            losses, metrics = pair_terms(
-                settings,
-                values[0::2],
-                values[1::2],
-                None if ref is None else ref[0::2],
-                None if ref is None else ref[1::2],
-                counts,
-                nll,
-            )
+            losses, metrics = interleaved_pair_terms(settings, token_logps, mask, ref, counts)
         else:
-            losses, metrics = kto_terms(settings, values, ref, mb[DESIRABLE].bool(), counts)
+            values = sequence_values(settings, token_logps, mask)
+            losses, metrics = kto_terms(settings, values, ref.to(values.dtype), mb[DESIRABLE].bool(), counts)
         total = counts.items
         return losses.sum() / total, {k: v.sum() / total for k, v in metrics.items()}
 

@@ -14,8 +14,8 @@ import torch
 from megarl.algorithms.preference_terms import (
     BatchCounts,
     PreferenceSettings,
+    interleaved_pair_terms,
     kto_terms,
-    pair_terms,
     sequence_values,
 )
 from megarl.controller.group import WorkerGroup
@@ -33,14 +33,14 @@ KTO_REF_POINT = 0.05
 
 def _expected(s: PreferenceSettings, token_logps: torch.Tensor, mask: torch.Tensor, batch: Batch, counts):
     token_logps, mask = token_logps.double(), mask.double()
-    values = sequence_values(s, token_logps, mask)
     ref = batch["ref_logps"].double()
     if s.name == "kto":
+        values = sequence_values(s, token_logps, mask)
         losses, metrics = kto_terms(s, values, ref, batch["desirable"].bool(), counts)
     else:
-        nll = -(token_logps[0::2] * mask[0::2]).sum(-1)
-        ref_c, ref_r = (ref[0::2], ref[1::2]) if s.uses_reference else (None, None)
-        losses, metrics = pair_terms(s, values[0::2], values[1::2], ref_c, ref_r, counts, nll)
+        losses, metrics = interleaved_pair_terms(
+            s, token_logps, mask, ref if s.uses_reference else None, counts
+        )
     return losses.mean().item(), {k: v.mean().item() for k, v in metrics.items()}
 
 
