@@ -165,25 +165,6 @@ def kto_loss(
     return KTOLoss(losses, (beta * log_ratio).detach())
 
 
-def preference_metrics(
-    chosen_rewards: torch.Tensor,
-    rejected_rewards: torch.Tensor,
-    chosen_logps: torch.Tensor,
-    rejected_logps: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """Batch means (detached scalars) of the rewards, their margin, the fraction of pairs whose chosen
-    reward is strictly higher ("rewards/accuracy") and the policy log-probs of each side."""
-    chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
-    return {
-        "rewards/chosen": chosen_rewards.mean(),
-        "rewards/rejected": rejected_rewards.mean(),
-        "rewards/margin": (chosen_rewards - rejected_rewards).mean(),
-        "rewards/accuracy": (chosen_rewards > rejected_rewards).to(chosen_rewards.dtype).mean(),
-        "logps/chosen": chosen_logps.detach().mean(),
-        "logps/rejected": rejected_logps.detach().mean(),
-    }
-
-
 def _smoothed_logistic_loss(z: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     # logsigmoid rather than log(sigmoid): finite (and linear) for large negative z
     loss = -F.logsigmoid(z)

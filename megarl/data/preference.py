@@ -169,9 +169,16 @@ def _labelled(where: str, row: dict, tokenizer, data: DataConfig) -> KTOExample 
 
 
 def _load(
-    files: list[str], config_key: str, kind: str, data: DataConfig, parse: Callable[[str, dict], T | None]
-) -> tuple[list[T], int, int]:
-    """(usable items, malformed rows, too-long rows) of `files`; the skipped rows are reported."""
+    files: list[str],
+    config_key: str,
+    kind: str,
+    data: DataConfig,
+    parse: Callable[[str, dict], T | None],
+    what: str,
+    needs: str,
+) -> list[T]:
+    """The usable items of `files`; the skipped rows are reported, and DataError (naming `what` was
+    looked for and what rows `needs`) is raised when none is left."""
     items, problems, too_long = [], [], 0
     for path in files:
         for raw in read_rows(path, config_key):
@@ -187,7 +194,12 @@ def _load(
             else:
                 items.append(item)
     report_skipped(kind, problems, too_long, data)
-    return items, len(problems), too_long
+    if not items:
+        raise DataError(
+            f"{config_key}: no usable {what} in {', '.join(files)} ({len(problems)} malformed, {too_long} too "
+            f"long); rows need {needs}, within the length limits"
+        )
+    return items
 
 
 def load_preference_pairs(
@@ -195,33 +207,37 @@ def load_preference_pairs(
 ) -> list[PreferencePair]:
     """Every usable (prompt, chosen, rejected) row of `files` (see the module table); skipped rows are
     reported once, and DataError is raised when none is left."""
-    pairs, malformed, too_long = _load(
-        files, config_key, "preference", data, lambda where, row: _pair(where, row, tokenizer, data)
+    needs = (
+        f"`{data.prompt_key}`, `{data.chosen_key}` and `{data.rejected_key}` columns (strings or chat lists), "
+        f"or `{data.chosen_key}` and `{data.rejected_key}` as full conversations sharing the prompt"
     )
-    if not pairs:
-        raise DataError(
-            f"{config_key}: no usable preference pairs in {', '.join(files)} ({malformed} malformed, "
-            f"{too_long} too long); rows need `{data.prompt_key}`, `{data.chosen_key}` and "
-            f"`{data.rejected_key}` columns (strings or chat lists), or `{data.chosen_key}` and "
-            f"`{data.rejected_key}` as full conversations sharing the prompt, within the length limits"
-        )
-    return pairs
+    return _load(
+        files,
+        config_key,
+        "preference",
+        data,
+        lambda where, row: _pair(where, row, tokenizer, data),
+        "preference pairs",
+        needs,
+    )
 
 
 def load_kto_examples(files: list[str], tokenizer, data: DataConfig, config_key: str) -> list[KTOExample]:
     """Every usable (prompt, completion, label) row of `files` (see the module table); skipped rows are
     reported once, and DataError is raised when none is left."""
-    examples, malformed, too_long = _load(
-        files, config_key, "kto", data, lambda where, row: _labelled(where, row, tokenizer, data)
+    needs = (
+        f"`{data.prompt_key}`, `{data.completion_key}` (a string or chat list) and `{data.label_key}` (bool) "
+        f"columns, or `{data.completion_key}` as a full conversation"
     )
-    if not examples:
-        raise DataError(
-            f"{config_key}: no usable KTO rows in {', '.join(files)} ({malformed} malformed, {too_long} too "
-            f"long); rows need `{data.prompt_key}`, `{data.completion_key}` (a string or chat list) and "
-            f"`{data.label_key}` (bool) columns, or `{data.completion_key}` as a full conversation, within "
-            "the length limits"
-        )
-    return examples
+    return _load(
+        files,
+        config_key,
+        "kto",
+        data,
+        lambda where, row: _labelled(where, row, tokenizer, data),
+        "KTO rows",
+        needs,
+    )
 
 
 def pair_batch(pairs: list[PreferencePair], pad_token_id: int) -> Batch:

@@ -177,6 +177,15 @@ class SaveReport:
     seconds: float
     bytes: int
 
+    def metrics(self) -> dict[str, float]:
+        """What a step logs about its save."""
+        return {"timing/save_checkpoint": self.seconds, "checkpoint/bytes": float(self.bytes)}
+
+
+def save_due(step: int, total_steps: int, save_every: int) -> bool:
+    """trainer.save_every: every N steps and after the last; 0 = only after the last; -1 = never."""
+    return save_every >= 0 and (step == total_steps or (save_every > 0 and step % save_every == 0))
+
 
 class RunCheckpoints:
     """Saves and prunes the checkpoints of one run. `groups` = {role: worker group} of the trained roles;

@@ -39,6 +39,7 @@ from megarl.trainer.checkpoint import (
     precheck_roles,
     read_trainer_state,
     resolve_resume,
+    save_due,
 )
 from megarl.trainer.roles import build_roles, is_writer_process
 
@@ -204,7 +205,7 @@ class OfflineTrainer:
                 last = step == self.total_steps
                 if self.val_examples and (last or (every and step % every == 0)):
                     metrics.update(self._validate())
-                if self._save_due(step):
+                if save_due(step, self.total_steps, self.cfg.trainer.save_every):
                     metrics.update(self._save(step))
                     metrics["step_seconds"] += metrics["timing/save_checkpoint"]
                 self.log.log(step, metrics)
@@ -213,17 +214,13 @@ class OfflineTrainer:
             epoch += 1
         return metrics
 
-    def _save_due(self, step: int) -> bool:
-        every = self.cfg.trainer.save_every
-        return every >= 0 and (step == self.total_steps or (every > 0 and step % every == 0))
-
     def _save(self, step: int) -> dict[str, float]:
         from megarl.config import config_to_yaml
 
         with self.log.task(f"saving checkpoint step_{step}"):
             state = {"job": self.job, "data": self._data_position()}
             report = self.checkpoints.save(step, state, config_to_yaml(self.cfg))
-        return {"timing/save_checkpoint": report.seconds, "checkpoint/bytes": float(report.bytes)}
+        return report.metrics()
 
     def _validate(self) -> dict[str, float]:
         start = time.perf_counter()

@@ -44,6 +44,7 @@ from megarl.trainer.checkpoint import (
     read_trainer_state,
     resolve_resume,
     restore_rng,
+    save_due,
 )
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
@@ -172,7 +173,7 @@ class RLTrainer:
             if self.val_data is not None and every and (step % every == 0 or step == self.total_steps):
                 stage = "validate"
                 metrics.update(self.validate(step))
-            if self._save_due(step):
+            if save_due(step, self.total_steps, self.cfg.trainer.save_every):
                 stage = "save_checkpoint"
                 metrics.update(self.save_checkpoint(step))
             return metrics
@@ -268,17 +269,13 @@ class RLTrainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 
-    def _save_due(self, step: int) -> bool:
-        every = self.cfg.trainer.save_every
-        return every >= 0 and (step == self.total_steps or (every > 0 and step % every == 0))
-
     def save_checkpoint(self, step: int) -> dict[str, float]:
         """Save every trained role and the trainer's state as checkpoints/step_<step>; returns its metrics."""
         from megarl.config import config_to_yaml
 
         with self.log.task(f"saving checkpoint step_{step}"):
             report = self.checkpoints.save(step, self.trainer_state(), config_to_yaml(self.cfg))
-        return {"timing/save_checkpoint": report.seconds, "checkpoint/bytes": float(report.bytes)}
+        return report.metrics()
 
     def trainer_state(self) -> dict[str, Any]:
         """What the driver must restore for the next step to be the one an uninterrupted run takes."""

@@ -17,7 +17,6 @@ from megarl.algorithms.preference import (
     kto_loss,
     kto_ref_point,
     orpo_loss,
-    preference_metrics,
     sequence_logps,
     simpo_loss,
 )
@@ -307,25 +306,6 @@ def test_kto_never_differentiates_the_ref_point():
     )
     out.losses.sum().backward()
     assert ref_point.grad is None and logps.grad is not None
-
-
-def test_preference_metrics_are_batch_means_with_strict_accuracy():
-    chosen_rewards = torch.tensor([0.5, -0.2, 0.3, 0.1], dtype=torch.float64, requires_grad=True)
-    rejected_rewards = torch.tensor([0.1, 0.4, 0.3, -0.6], dtype=torch.float64)  # pair 2 ties
-    chosen, rejected = (torch.tensor(sums(ROWS[key]), dtype=torch.float64) for key in ("pc", "pr"))
-    metrics = preference_metrics(chosen_rewards, rejected_rewards, chosen.requires_grad_(), rejected)
-    expected = {
-        "rewards/chosen": 0.7 / 4,
-        "rewards/rejected": 0.2 / 4,
-        "rewards/margin": 0.5 / 4,
-        "rewards/accuracy": 0.5,
-        "logps/chosen": sum(sums(ROWS["pc"])) / 4,
-        "logps/rejected": sum(sums(ROWS["pr"])) / 4,
-    }
-    assert set(metrics) == set(expected)
-    for key, value in expected.items():
-        assert metrics[key].dim() == 0 and not metrics[key].requires_grad, key
-        assert metrics[key].item() == pytest.approx(value, rel=1e-12, abs=1e-12), key
 
 
 def seq_inputs(dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:

@@ -88,3 +88,9 @@ def test_kto_batch_without_undesirable_examples_reports_no_rejected_side():
         PreferenceSettings("kto", 0.1), logps, logps - 0.5, torch.tensor([True, True]), counts
     )
     assert sorted(metrics) == ["logps/chosen", "rewards/chosen"]
+
+
+def test_a_tied_pair_does_not_count_as_accurate():
+    same = torch.tensor([-2.0], dtype=torch.float64)
+    _, metrics = pair_terms(PreferenceSettings("dpo", 0.1), same, same, same, same, BatchCounts(1))
+    assert metrics["rewards/accuracy"].item() == 0.0
