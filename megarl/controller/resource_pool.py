@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import ray
@@ -23,9 +24,12 @@ class ResourcePoolError(RuntimeError):
 def start_local_ray(num_cpus: int | None = None) -> None:
     """Join the running Ray cluster on this machine, else start a local one (no-op if Ray is up).
 
-    - A cluster already started here (`ray start --head`) is joined with `ray.init(address="auto")`.
-      Ray 2.60 has token auth on by default: a driver that connects by explicit address, or from
-      another node, needs `RAY_AUTH_MODE=token` and the cluster's token file; "auto" works locally.
+    - The cluster named by `RAY_ADDRESS`, else the one last started here (`ray start --head`, recorded
+      in Ray's temp dir), is joined. Its GCS port is probed first (a few seconds): a recorded cluster
+      that is gone (its head killed without `ray stop`, e.g. by a scheduler) would otherwise make
+      `ray.init` wait with no end; it is ignored with a warning, while an unreachable `RAY_ADDRESS`
+      is an error. Ray 2.60 has token auth on by default: a driver that connects from another node
+      needs `RAY_AUTH_MODE=token` and the cluster's token (`RAY_AUTH_TOKEN`).
     - Otherwise a one-node cluster starts without the dashboard and with quiet logging. `num_cpus`
       (default: max(8, the machine's cores)) is bookkeeping only: raise it so that, e.g., 4 ranks of
       0.5 CPU plus the driver fit on a 2-core machine.
@@ -38,13 +42,41 @@ def start_local_ray(num_cpus: int | None = None) -> None:
         return
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
-    try:
-        ray.init(address="auto", **quiet)
+    address = _running_cluster_address()
+    if address is not None:
+        ray.init(address=address, **quiet)
         return
-    except ConnectionError:
-        pass
     cpus = num_cpus if num_cpus is not None else max(8, os.cpu_count() or 1)
     ray.init(num_cpus=cpus, include_dashboard=False, **quiet)
+
+
+def _running_cluster_address(probe_timeout_s: float = 3.0) -> str | None:
+    """host:port of the cluster to join (`RAY_ADDRESS`, else the last one started here), or None."""
+    from ray._private.services import get_ray_address_from_environment
+
+    explicit = os.environ.get("RAY_ADDRESS")
+    try:
+        address = get_ray_address_from_environment("auto", None)
+    except ConnectionError:  # no cluster recorded or running here
+        return None
+    if address == "local":
+        return None
+    if "://" in address:  # a Ray client address (ray://…): ray.init bounds its own connect
+        return address
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=probe_timeout_s).close()
+    except (OSError, ValueError):
+        if explicit:
+            raise ResourcePoolError(
+                f"RAY_ADDRESS={explicit} does not answer (nothing listens on {address}); "
+                "start that cluster, or unset RAY_ADDRESS to run on a local one"
+            ) from None
+        logging.getLogger(__name__).warning(
+            "the Ray cluster last started on this machine (%s) is gone; starting a local one", address
+        )
+        return None
+    return address
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,7 @@ class _RankActors:
             except ray.exceptions.RayError:
                 pass
         self.kill("shut down")
+        self.gone(timeout_s)  # this node's actor processes have exited before the driver goes on
 
     def kill(self, reason: str = "killed") -> None:
         if self.error is not None:

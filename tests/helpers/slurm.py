@@ -132,14 +132,22 @@ class SlurmCluster:
 
     def state(self, job: int) -> str | None:
         """The job's final state from the job-completion log (`sacct -c`), None while it runs."""
+        states = [s.split()[0] for s in self._completion(job, "State")]
+        return states[-1] if states and states[-1] in FINAL_STATES else None
+
+    def exit_code(self, job: int) -> str | None:
+        """The finished job's `EXIT:SIGNAL` ("0:0" for a clean exit), from the job-completion log."""
+        codes = self._completion(job, "ExitCode")
+        return codes[-1] if codes else None
+
+    def _completion(self, job: int, field: str) -> list[str]:
         out = subprocess.run(
-            ["sacct", "-c", "-n", "-P", "-j", str(job), "-o", "State"],
+            ["sacct", "-c", "-n", "-P", "-j", str(job), "-o", field],
             capture_output=True,
             text=True,
             env=self.env,
         )
-        states = [s.split()[0] for s in out.stdout.split() if s.strip()]
-        return states[-1] if states and states[-1] in FINAL_STATES else None
+        return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
     def wait(self, job: int, timeout: float) -> str:
         deadline = time.monotonic() + timeout

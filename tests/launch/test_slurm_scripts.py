@@ -1,0 +1,92 @@
+"""The SLURM launch scripts on a real SLURM with two (simulated) nodes: each runs two steps of a tiny GRPO
+run to completion; a failing job (bad config, killed rank) ends FAILED with its cause in the log, soon;
+a cancelled one is torn down; nothing is left running."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers.launch import (
+    CONFIG,
+    REPO,
+    assert_no_new_ray_processes,
+    assert_nothing_left,
+    job_env,
+    ray_processes,
+    run_overrides,
+    steps_written,
+)
+
+pytestmark = pytest.mark.slurm
+
+SCRIPTS = REPO / "launch" / "slurm"
+JOB_TIMEOUT_S = 420
+
+
+@pytest.mark.parametrize("script", ["torchrun.sbatch", "ray.sbatch"])
+def test_launch_script_runs_two_steps_on_two_nodes(slurm, tiny_run, tmp_path, script):
+    out = tmp_path / "run"
+    before = ray_processes()
+    job = slurm.sbatch(SCRIPTS / script, [str(CONFIG), *run_overrides(tiny_run, out)], env=job_env(), nodes=2)
+    state = slurm.wait(job, JOB_TIMEOUT_S)
+    log = slurm.log(job)
+    assert state == "COMPLETED", log[-4000:]
+    assert steps_written(out) == [1, 2], log[-4000:]
+    assert slurm.exit_code(job) == "0:0"
+    assert_nothing_left(str(out))
+    assert_no_new_ray_processes(before)
+
+
+@pytest.mark.parametrize("script", ["torchrun.sbatch", "ray.sbatch"])
+def test_a_bad_config_fails_the_job_before_anything_starts(slurm, tiny_run, tmp_path, script):
+    out = tmp_path / "run"
+    overrides = run_overrides(tiny_run, out, "rollout.n=0")
+    before = ray_processes()
+    start = time.monotonic()
+    job = slurm.sbatch(SCRIPTS / script, [str(CONFIG), *overrides], env=job_env(), nodes=2)
+    assert slurm.wait(job, 120) == "FAILED"
+    assert time.monotonic() - start < 60
+    log = slurm.log(job)
+    assert "rollout.n=0 must be ≥ 1" in log and "srun" not in log, log[-3000:]  # no step was started
+    assert slurm.exit_code(job) == "2:0"
+    assert_nothing_left(str(out))
+    assert_no_new_ray_processes(before)
+
+
+@pytest.mark.parametrize(
+    ("script", "cause"),
+    [("torchrun.sbatch", ("SIGKILL", "rank")), ("ray.sbatch", ("rank 1", "actor.update", "killed"))],
+)
+def test_a_killed_rank_fails_the_job_within_bounds_naming_it(slurm, tiny_run, tmp_path, script, cause):
+    """Rank 1 is SIGKILLed in its first update: torchrun's srun ends the other node's torchrun; under
+    Ray the controller reports the dead rank and the script tears the cluster down."""
+    out = tmp_path / "run"
+    before = ray_processes()
+    env = job_env(MEGARL_FAULT="kill@actor.update#1/1")
+    start = time.monotonic()
+    job = slurm.sbatch(SCRIPTS / script, [str(CONFIG), *run_overrides(tiny_run, out)], env=env, nodes=2)
+    assert slurm.wait(job, 300) == "FAILED"
+    seconds = time.monotonic() - start
+    log = slurm.log(job)
+    assert all(part in log for part in cause), log[-4000:]
+    assert seconds < 300, seconds
+    assert steps_written(out) == []
+    assert_nothing_left(str(out))
+    assert_no_new_ray_processes(before)
+
+
+def test_scancel_of_a_running_ray_job_leaves_no_process_behind(slurm, tiny_run, tmp_path):
+    out = tmp_path / "run"
+    overrides = run_overrides(tiny_run, out, "trainer.total_steps=50")
+    before = ray_processes()
+    job = slurm.sbatch(SCRIPTS / "ray.sbatch", [str(CONFIG), *overrides], env=job_env(), nodes=2)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not steps_written(out) and time.monotonic() < deadline:  # training has started
+        time.sleep(2)
+    assert steps_written(out), slurm.log(job)[-3000:]
+    slurm.scancel(job)
+    assert slurm.wait(job, 120) == "CANCELLED"
+    assert_nothing_left(str(out), grace_s=30)
+    assert_no_new_ray_processes(before)

@@ -1,0 +1,68 @@
+"""Bare-metal nodes without a scheduler: `launch/torchrun/node.sh` run once per "node" (two invocations
+on this machine, one rank each) trains exactly as one node with the same world size does."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+
+import pytest
+
+from tests.helpers.launch import CONFIG, REPO, assert_nothing_left, job_env, run_overrides
+from tests.helpers.rl_runs import assert_same_metrics
+from tests.helpers.run_files import jsonl_history
+
+pytestmark = pytest.mark.e2e
+
+NODE_SH = REPO / "launch" / "torchrun" / "node.sh"
+TIMEOUT_S = 400
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(tiny_run: dict, out, nnodes: int, node_rank: int, nproc: int, port: int) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        **job_env(),
+        "NNODES": str(nnodes),
+        "NODE_RANK": str(node_rank),
+        "NPROC_PER_NODE": str(nproc),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    cmd = ["bash", str(NODE_SH), str(CONFIG), *run_overrides(tiny_run, out)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(procs: list[subprocess.Popen]) -> list[str]:
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, log[-4000:]
+    return logs
+
+
+def test_two_nodes_train_like_one_node_of_the_same_world_size(tiny_run, tmp_path):
+    two, one = tmp_path / "two_nodes", tmp_path / "one_node"
+    port = free_port()
+    finish([start_node(tiny_run, two, 2, rank, 1, port) for rank in (0, 1)])
+    finish([start_node(tiny_run, one, 1, 0, 2, free_port())])
+
+    expected, actual = jsonl_history(one), jsonl_history(two)
+    assert sorted(actual) == sorted(expected) == [1, 2]
+    for step in (1, 2):
+        compared = assert_same_metrics(expected[step], actual[step])
+        assert len(compared) > 20 and "actor/pg_loss" in compared
+    for out in (one, two):
+        assert_nothing_left(str(out))
