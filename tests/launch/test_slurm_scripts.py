@@ -77,6 +77,20 @@ def test_a_killed_rank_fails_the_job_within_bounds_naming_it(slurm, tiny_run, tm
     assert_no_new_ray_processes(before)
 
 
+def test_nodes_that_do_not_join_in_time_fail_the_job_naming_them(slurm, tiny_run, tmp_path):
+    """No time to join (MEGARL_JOIN_TIMEOUT_S=0): the job fails at once naming the missing nodes, and the
+    Ray processes that did start are torn down."""
+    out = tmp_path / "run"
+    before = ray_processes()
+    env = job_env(MEGARL_JOIN_TIMEOUT_S="0")
+    job = slurm.sbatch(SCRIPTS / "ray.sbatch", [str(CONFIG), *run_overrides(tiny_run, out)], env=env, nodes=2)
+    assert slurm.wait(job, 120) == "FAILED"
+    log = slurm.log(job)
+    assert "Ray nodes joined within 0 s" in log and "missing: node1 node2" in log, log[-3000:]
+    assert_nothing_left(str(out))
+    assert_no_new_ray_processes(before)
+
+
 def test_scancel_of_a_running_ray_job_leaves_no_process_behind(slurm, tiny_run, tmp_path):
     out = tmp_path / "run"
     overrides = run_overrides(tiny_run, out, "trainer.total_steps=50")
