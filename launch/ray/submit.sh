@@ -1,10 +1,12 @@
 #!/bin/bash
 # megarl on a running Ray cluster: `megarl train` submitted as a Ray job to the head's job server, with
 # this checkout as the job's working dir (the cluster runs the code you have here). Logs are followed
-# until the job ends; the exit code is the job's (0 when it SUCCEEDED). Ctrl-C detaches without
+# until the job ends. Ctrl-C detaches without
 # stopping the job: stop it with `ray job stop JOB_ID`.
 #
 #   RAY_API_SERVER_ADDRESS=http://HEAD:8265 launch/ray/submit.sh configs/quickstart_grpo.yaml trainer.total_steps=10
+#
+# Exit code: 0 when the job SUCCEEDED (or was stopped with `ray job stop`), 1 when it FAILED.
 #
 # Environment (all optional):
 #   RAY_API_SERVER_ADDRESS  the head's job server (default http://127.0.0.1:8265; `ray start --head` prints it)
@@ -26,10 +28,16 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=${MEGARL_PYTHON:-python}
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 export RAY_API_SERVER_ADDRESS=${RAY_API_SERVER_ADDRESS:-http://127.0.0.1:8265}
+# CONFIG as the job sees it: inside this checkout, its path in the uploaded copy; else absolute
+[ -f "$1" ] || { echo "megarl ray submit: no config file $1" >&2; exit 2; }
+config_path=$(realpath "$1")
+config=$config_path
+case "$config" in "$repo"/*) config=${config#"$repo"/} ;; esac
+shift
 layout=(trainer.launcher=ray)
 [ -n "${MEGARL_NNODES:-}" ] && layout+=(trainer.nnodes="$MEGARL_NNODES")
 [ -n "${MEGARL_DEVICES_PER_NODE:-}" ] && layout+=(trainer.n_devices_per_node="$MEGARL_DEVICES_PER_NODE")
-output_dir=$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$@" "${layout[@]}" <<'PY'
+output_dir=$(PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$python" - "$config_path" "$@" "${layout[@]}" <<'PY'
 import os
 import sys
 
@@ -47,4 +55,4 @@ echo "megarl ray submit: $RAY_API_SERVER_ADDRESS, outputs in $output_dir"
 excludes='{"excludes": [".venv", ".git", "outputs", "__pycache__"]}'
 exec "$python" -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()" \
     job submit --working-dir "$repo" --runtime-env-json "$excludes" -- \
-    "${MEGARL_JOB_PYTHON:-python}" -m megarl.cli train "$@" "${layout[@]}"
+    "${MEGARL_JOB_PYTHON:-python}" -m megarl.cli train "$config" "$@" "${layout[@]}"

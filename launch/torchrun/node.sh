@@ -16,7 +16,12 @@ fi
 : "${NNODES:?set NNODES (the number of nodes)}" "${NODE_RANK:?set NODE_RANK (0..NNODES-1)}"
 : "${MASTER_ADDR:?set MASTER_ADDR (the address of the NODE_RANK=0 node)}"
 python=${MEGARL_PYTHON:-python}
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l || true)
+# the GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every GPU nvidia-smi lists
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+else
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
 nproc=${NPROC_PER_NODE:-$([ "${gpus:-0}" -gt 0 ] && echo "$gpus" || echo 1)}
 exec "$python" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$nproc" \
     --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}" --max_restarts 0 \

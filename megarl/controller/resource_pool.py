@@ -24,11 +24,12 @@ class ResourcePoolError(RuntimeError):
 def start_local_ray(num_cpus: int | None = None) -> None:
     """Join the running Ray cluster on this machine, else start a local one (no-op if Ray is up).
 
-    - The cluster named by `RAY_ADDRESS`, else the one last started here (`ray start --head`, recorded
-      in Ray's temp dir), is joined. Its GCS port is probed first (a few seconds): a recorded cluster
-      that is gone (its head killed without `ray stop`, e.g. by a scheduler) would otherwise make
-      `ray.init` wait with no end; it is ignored with a warning, while an unreachable `RAY_ADDRESS`
-      is an error. Ray 2.60 has token auth on by default: a driver that connects from another node
+    - The cluster Ray's `address="auto"` finds is joined: `RAY_ADDRESS`, else the one last started
+      here (`ray start --head`, recorded in Ray's temp dir), else the one raylet running here. Its GCS
+      port is probed first (a few seconds): a recorded cluster that is gone (its head killed without
+      `ray stop`, e.g. by a scheduler) would otherwise make `ray.init` wait with no end; it is ignored
+      with a warning, while an unreachable `RAY_ADDRESS` is an error. Ray 2.60 has token auth on by
+      default ("auto" turns it on from ~/.ray/auth_token); a driver that connects from another node
       needs `RAY_AUTH_MODE=token` and the cluster's token (`RAY_AUTH_TOKEN`).
     - Otherwise a one-node cluster starts without the dashboard and with quiet logging. `num_cpus`
       (default: max(8, the machine's cores)) is bookkeeping only: raise it so that, e.g., 4 ranks of
@@ -42,16 +43,17 @@ def start_local_ray(num_cpus: int | None = None) -> None:
         return
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
-    address = _running_cluster_address()
-    if address is not None:
-        ray.init(address=address, **quiet)
+    if _running_cluster_address() is not None:
+        ray.init(address="auto", **quiet)  # resolves as the probe did; "auto" also enables token auth
         return
     cpus = num_cpus if num_cpus is not None else max(8, os.cpu_count() or 1)
-    ray.init(num_cpus=cpus, include_dashboard=False, **quiet)
+    # "local": a new cluster even where a stale record names another (ray.init would try to join it)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
 
 
 def _running_cluster_address(probe_timeout_s: float = 3.0) -> str | None:
-    """host:port of the cluster to join (`RAY_ADDRESS`, else the last one started here), or None."""
+    """host:port of the cluster `address="auto"` would join, if it answers; None to start a local one."""
+    from ray._common.network_utils import parse_address
     from ray._private.services import get_ray_address_from_environment
 
     explicit = os.environ.get("RAY_ADDRESS")
@@ -59,13 +61,15 @@ def _running_cluster_address(probe_timeout_s: float = 3.0) -> str | None:
         address = get_ray_address_from_environment("auto", None)
     except ConnectionError:  # no cluster recorded or running here
         return None
-    if address == "local":
+    if address in (None, "local"):
         return None
     if "://" in address:  # a Ray client address (ray://…): ray.init bounds its own connect
         return address
-    host, _, port = address.rpartition(":")
+    host_port = parse_address(address)
+    if host_port is None:
+        raise ResourcePoolError(f"RAY_ADDRESS={explicit or address} is not host:port (e.g. 10.0.0.1:6379)")
     try:
-        socket.create_connection((host, int(port)), timeout=probe_timeout_s).close()
+        socket.create_connection((host_port[0], int(host_port[1])), timeout=probe_timeout_s).close()
     except (OSError, ValueError):
         if explicit:
             raise ResourcePoolError(

@@ -4,6 +4,7 @@ launch left no process of its own (torchrun ranks, Ray daemons) behind."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,12 @@ def run_overrides(tiny_run: dict, out: Path, *extra: str) -> list[str]:
         "logging.report=false",
         *extra,
     ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def job_env(**extra: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from tests.helpers.launch import (
     CONFIG,
     REPO,
     assert_no_new_ray_processes,
+    free_port,
     job_env,
     ray_processes,
     run_overrides,
@@ -31,12 +31,6 @@ from tests.helpers.launch import (
 pytestmark = pytest.mark.ray
 
 SUBMIT = REPO / "launch" / "ray" / "submit.sh"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,11 @@ on this machine, one rank each) trains exactly as one node with the same world s
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 
 import pytest
 
-from tests.helpers.launch import CONFIG, REPO, assert_nothing_left, job_env, run_overrides
+from tests.helpers.launch import CONFIG, REPO, assert_nothing_left, free_port, job_env, run_overrides
 from tests.helpers.rl_runs import assert_same_metrics
 from tests.helpers.run_files import jsonl_history
 
@@ -17,12 +16,6 @@ pytestmark = pytest.mark.e2e
 
 NODE_SH = REPO / "launch" / "torchrun" / "node.sh"
 TIMEOUT_S = 400
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_node(tiny_run: dict, out, nnodes: int, node_rank: int, nproc: int, port: int) -> subprocess.Popen:
