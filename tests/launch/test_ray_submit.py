@@ -50,7 +50,9 @@ def ray_head(tmp_path_factory) -> Iterator[dict[str, str]]:
     ]
     head = subprocess.Popen(
         [*cmd, "start", "--head", "--block", "--port", str(gcs), "--dashboard-port", str(dashboard),
-         "--include-dashboard", "true", "--temp-dir", temp, "--num-cpus", "8", "--disable-usage-stats"],
+         "--include-dashboard", "true", "--temp-dir", temp, "--num-cpus", "8", "--disable-usage-stats",
+         # not Ray's fixed 52365 / 10001: another cluster on this machine (the session's) holds them
+         "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port())],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     server = f"http://127.0.0.1:{dashboard}"
