@@ -227,7 +227,9 @@ class _RankActors:
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Let the workers tear down their process groups, then end the processes."""
-        if self.error is None and self.actors:
+        if self.error is not None:  # already killed, and waited for, by the failure that ended it
+            return
+        if self.actors:
             try:
                 ray.wait(
                     [a.shutdown.remote() for a in self.actors],

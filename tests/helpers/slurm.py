@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.helpers.launch import free_port
+
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 NODES = ("node1", "node2")
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
@@ -34,12 +36,6 @@ def ensure_installed() -> None:
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
     cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
     subprocess.run(cmd, check=True, env=env, capture_output=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -194,7 +190,7 @@ def _wait_for(ok, timeout: float, message: str | None) -> None:
 
 def _slurm_conf(root: Path, socket_path: Path, cpus: int) -> str:
     host = socket.gethostname().split(".")[0]
-    ports = [_free_port() for _ in range(len(NODES) + 1)]
+    ports = [free_port() for _ in range(len(NODES) + 1)]
     nodes = "\n".join(
         f"NodeName={node} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
         for node, port in zip(NODES, ports[1:])
