@@ -15,7 +15,7 @@ BASE = [
     "tensorboard",
     "rich",
     "matplotlib",  # megarl report: PNG curves (Agg canvas, headless)
-    "psutil",  # megatron's dist-checkpoint save imports it without declaring it
+    "psutil",  # memory readings (platform, megarl bench); megatron's dist-checkpoint save imports it undeclared
 ]
 
 EXTRAS = {

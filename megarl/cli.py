@@ -170,6 +170,28 @@ def cmd_bench_reshard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_e2e(args: argparse.Namespace) -> int:
+    from megarl.bench import e2e
+
+    result = e2e.run(args)
+    print(e2e.table(result))
+    return 0
+
+
+def cmd_bench_scaling(args: argparse.Namespace) -> int:
+    from megarl.bench import scaling
+
+    print(scaling.table(scaling.run(args)))
+    return 0
+
+
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from megarl.bench import train
+
+    print(train.table(train.run(args)))
+    return 0
+
+
 def cmd_bench_checkpoint(args: argparse.Namespace) -> int:
     from megarl.bench import checkpoint
 
@@ -305,6 +327,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     reshard_arguments(bench_reshard)
     bench_reshard.set_defaults(func=cmd_bench_reshard)
+    bench_e2e = bench.add_parser("e2e", help="a GRPO step, megarl vs TRL's GRPOTrainer, same machine and run")
+    from megarl.bench.e2e import add_arguments as e2e_arguments
+
+    e2e_arguments(bench_e2e)
+    bench_e2e.set_defaults(func=cmd_bench_e2e)
+    bench_scaling = bench.add_parser("scaling", help="megarl's step time as model, prompts and length grow")
+    from megarl.bench.scaling import add_arguments as scaling_arguments
+
+    scaling_arguments(bench_scaling)
+    bench_scaling.set_defaults(func=cmd_bench_scaling)
+    bench_train = bench.add_parser("train", help="policy update: Megatron vs transformers eager, same batch")
+    from megarl.bench.train import add_arguments as train_arguments
+
+    train_arguments(bench_train)
+    bench_train.set_defaults(func=cmd_bench_train)
     bench_checkpoint = bench.add_parser(
         "checkpoint", help="a trained role's checkpoint: save/load time, size"
     )

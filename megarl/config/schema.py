@@ -51,6 +51,7 @@ KlEstimator = Literal[
     "abs+",
 ]
 KlController = Literal["fixed", "adaptive"]
+OldLogProb = Literal["recompute", "fused"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PolicyLoss = Literal["vanilla", "gspo", "cispo", "sapo", "gpg", "reinforce", "geo_mean", "clip_cov", "kl_cov"]
 IsLevel = Literal["token", "sequence"]
@@ -375,6 +376,15 @@ class AlgorithmConfig:
     loss_agg_mode: LossAggMode | None = None
     ppo_epochs: int = 1  # passes over each step's rollouts
     ppo_mini_batch_size: int = 16  # prompts per optimizer step (× rollout.n sequences); divides train batch
+    # where the PPO ratio's old log-probs come from: "recompute" (a forward pass of the actor after
+    # generation, as verl does) | "fused" (the update's own forward, detached: the ratio is exactly 1,
+    # which is what a recompute gives when a step makes ONE optimizer step over its rollouts; TRL does
+    # this at num_iterations=1). Fused saves a forward pass per step and still logs actor/entropy and
+    # train_rollout_logprob_abs_diff(_max), from the update's forward. It needs one optimizer step per
+    # training step (ppo_epochs=1, ppo_mini_batch_size=data.train_batch_size) and no stage reading the
+    # old log-probs before the update (use_kl_in_reward, rollout_correction, pf_ppo,
+    # optimal_token_baseline). None = auto: "fused" where allowed, else "recompute".
+    old_log_prob: OldLogProb | None = None
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig)  # PF-PPO reward-weighted resampling

@@ -23,6 +23,7 @@ from megarl.config.validate_algorithm import (
     REFERENCE_ALGORITHMS,
     RL_ALGORITHMS,
     check_algorithm,
+    fused_old_log_prob_blockers,
 )
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
@@ -48,6 +49,8 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
         cfg.ref.enable = algo.use_kl_in_reward or algo.use_kl_loss or algo.name in REFERENCE_ALGORITHMS
     if cfg.reward.enable is None:
         cfg.reward.enable = cfg.reward.model_path is not None
+    if algo.old_log_prob is None:
+        algo.old_log_prob = "recompute" if fused_old_log_prob_blockers(cfg) else "fused"
     return cfg
 
 

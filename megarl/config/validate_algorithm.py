@@ -16,8 +16,41 @@ PREFERENCE_ALGORITHMS = ("dpo", "ipo", "kto", "orpo", "simpo")
 REFERENCE_ALGORITHMS = ("dpo", "ipo", "kto")  # the preference losses that compare with a reference
 
 
+def fused_old_log_prob_blockers(cfg: MegarlConfig) -> list[str]:
+    """Why algorithm.old_log_prob=fused would be wrong for `cfg` (resolved): [] when it is allowed."""
+    a, rc = cfg.algorithm, cfg.algorithm.rollout_correction
+    why = []
+    if a.ppo_epochs != 1:
+        why.append(f"algorithm.ppo_epochs={a.ppo_epochs} (needs 1)")
+    if a.ppo_mini_batch_size != cfg.data.train_batch_size:
+        why.append(
+            f"algorithm.ppo_mini_batch_size={a.ppo_mini_batch_size} is not data.train_batch_size="
+            f"{cfg.data.train_batch_size} (one optimizer step per training step)"
+        )
+    if a.use_kl_in_reward:
+        why.append("algorithm.use_kl_in_reward=true (the reward's KL reads the old log-probs)")
+    if rc.bypass_mode or rc.rollout_is is not None or rc.rollout_rs is not None:
+        why.append("algorithm.rollout_correction is on (it reads the old log-probs)")
+    if rc.rollout_token_veto_threshold is not None:
+        why.append("algorithm.rollout_correction.rollout_token_veto_threshold is set")
+    if a.pf_ppo.enable:
+        why.append("algorithm.pf_ppo.enable=true")
+    traits = ESTIMATOR_TRAITS.get(a.adv_estimator)
+    if traits is not None and traits.needs_sum_pi_squared:
+        why.append(f"algorithm.adv_estimator={a.adv_estimator} (reads the old log-probs' Σπ²)")
+    return why
+
+
 def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     a = cfg.algorithm
+    if a.name in RL_ALGORITHMS and a.old_log_prob == "fused":
+        blockers = fused_old_log_prob_blockers(cfg)
+        if blockers:
+            problems.append(
+                f"algorithm.old_log_prob=fused takes the old log-probs from the update's own forward, which "
+                f"is right only for one optimizer step per training step with nothing reading them first, "
+                f"but {'; '.join(blockers)}; set algorithm.old_log_prob=recompute (or leave it unset: auto)"
+            )
     if a.name in PREFERENCE_ALGORITHMS:
         _check_preference(cfg, problems)
     val = cfg.rollout.val

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +141,24 @@ def _apply_cuda_literal() -> None:
         _literal_mode = _CudaLiteralToCpu()
         _literal_mode.__enter__()
     _swap(torch.Tensor, "cuda", lambda self, *a, **k: self, "tensor_cuda")
+
+
+@contextlib.contextmanager
+def cuda_literal_suspended() -> Iterator[None]:
+    """The cuda_literal mode off for a block that never runs Megatron code (the rollout engine): vLLM's
+    CPU decode makes thousands of small torch calls per token and the mode's Python hook sat on each
+    (megarl bench e2e, tiny model: see the closing note of the benchmarks issue). A no-op unless the
+    mode is on and innermost (a mode pushed above it stays untouched)."""
+    mode = _literal_mode
+    depth = torch._C._len_torch_function_stack()
+    if mode is None or depth == 0 or torch._C._get_function_stack_at(depth - 1) is not mode:
+        yield
+        return
+    mode.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        mode.__enter__()
 
 
 def _remove_cuda_literal() -> None:

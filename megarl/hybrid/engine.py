@@ -74,7 +74,9 @@ class HybridEngine:
         start = time.perf_counter()
         offloads = self.offload()
         timings["offload"] = time.perf_counter() - start
+        start = time.perf_counter()
         stats = self.sync_weights()
+        timings["sync"] = time.perf_counter() - start
         start = time.perf_counter()
         out = self.rollout.generate(prompts, self.sampling.val if validate else self.sampling)
         timings["generate"] = time.perf_counter() - start

@@ -18,7 +18,11 @@ def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
         use_te = platform().transformer_engine
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    from megarl.models.sdpa_attention import SdpaDotProductAttention
+
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention  # fused on CPU
+    return spec
 
 
 def build_model_chunks(

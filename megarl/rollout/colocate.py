@@ -48,6 +48,9 @@ def torch_threads_preserved() -> Iterator[None]:
 
 @contextlib.contextmanager
 def engine_call() -> Iterator[None]:
-    """Both guards: use around creating an engine and around each call into it."""
-    with global_rng_preserved(), torch_threads_preserved():
+    """Both guards, and the CPU shims' per-op mode off (the engine needs none of Megatron's CPU
+    patches): use around creating an engine and around each call into it."""
+    from megarl.distributed.cpu_shims import cuda_literal_suspended
+
+    with global_rng_preserved(), torch_threads_preserved(), cuda_literal_suspended():
         yield

@@ -40,6 +40,9 @@ SEQUENCE_COLUMNS = (Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES, Col.RESPON
 _RENAMES = {
     "actor/pg_clipfrac": "actor/clip_frac",
     "critic/vf_loss": "critic/value_loss",
+    # algorithm.old_log_prob=fused: the update logs what the old_log_prob stage otherwise does
+    "actor/train_rollout_logprob_abs_diff": "train_rollout_logprob_abs_diff",
+    "actor/train_rollout_logprob_abs_diff_max": "train_rollout_logprob_abs_diff_max",
 }
 
 
@@ -58,7 +61,13 @@ def role_metrics(role: str, metrics: dict[str, float] | list[dict[str, float]]) 
 def generate_stage(actor: Any) -> Stage:
     def generate(ctx: StepContext, prompts: Batch) -> Batch:
         out = actor.generate(prompts, validate=ctx.validate)
-        out.meta.pop("hybrid_engine", None)  # per-rank sync report; too big for the step batch
+        report = out.meta.pop("hybrid_engine", None)  # the first replica's sync report; too big to carry
+        if report is not None and not ctx.validate:
+            seconds = report["seconds"]  # offload → sync (reshard into the engine) → generate → reload
+            ctx.metrics["generate/transition_seconds"] = (
+                seconds["offload"] + seconds["sync"] + seconds["reload"]
+            )
+            ctx.metrics["generate/engine_seconds"] = seconds["generate"]
         return out
 
     return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=ROLLOUT_COLUMNS, new_rows=True)
@@ -293,8 +302,14 @@ def update_critic_stage(critic: Any) -> Stage:
     return Stage("update_critic", update, reads=(Col.VALUES, Col.RETURNS))
 
 
-def update_actor_stage(actor: Any, use_kl_loss: bool, with_is_weights: bool = False) -> Stage:
-    columns = (Col.OLD_LOG_PROBS, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
+def update_actor_stage(
+    actor: Any, use_kl_loss: bool, with_is_weights: bool = False, fused_old_log_prob: bool = False
+) -> Stage:
+    """The policy update. With `fused_old_log_prob` (algorithm.old_log_prob=fused) it reads the engine's
+    log-probs instead of old ones: the update's forward gives the old log-probs and the train/rollout
+    mismatch metrics the old_log_prob stage would have logged."""
+    old = Col.ROLLOUT_LOG_PROBS if fused_old_log_prob else Col.OLD_LOG_PROBS
+    columns = (old, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
     columns += (Col.ROLLOUT_IS_WEIGHTS,) if with_is_weights else ()
 
     def update(ctx: StepContext, batch: Batch) -> None:
@@ -331,9 +346,10 @@ def build_rl_dataflow(
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
         stages.append(filter_groups_stage(cfg, more_prompts, before("filter_groups")))
     rc = algo.rollout_correction
+    fused = algo.old_log_prob == "fused"  # the update computes them (resolved: auto decided)
     if rc.bypass_mode:
         stages.append(bypass_old_log_prob_stage())
-    else:
+    elif not fused:
         needs_pi2 = ESTIMATOR_TRAITS[algo.adv_estimator].needs_sum_pi_squared
         stages.append(old_log_prob_stage(roles.actor, needs_pi2))
     if rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold is not None:
@@ -348,7 +364,7 @@ def build_rl_dataflow(
         stages.append(pf_ppo_stage(cfg))
     if roles.critic is not None:
         stages.append(update_critic_stage(roles.critic))
-    stages.append(update_actor_stage(roles.actor, algo.use_kl_loss, rc.rollout_is is not None))
+    stages.append(update_actor_stage(roles.actor, algo.use_kl_loss, rc.rollout_is is not None, fused))
     for stage in stages:
         flow.add_stage(stage)
     flow.check()

@@ -82,7 +82,8 @@ class ActorWorker(MegatronWorker):
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-style policy update on a batch with old_log_probs and advantages (and ref_log_probs when
         algorithm.use_kl_loss). Returns metrics averaged over the optimizer steps."""
-        needed = [Col.OLD_LOG_PROBS, Col.ADVANTAGES] + (
+        fused = self.spec.algorithm.old_log_prob == "fused"  # the old log-probs are this forward's
+        needed = [Col.ROLLOUT_LOG_PROBS if fused else Col.OLD_LOG_PROBS, Col.ADVANTAGES] + (
             [Col.REF_LOG_PROBS] if self.spec.algorithm.use_kl_loss else []
         )
         missing = [k for k in needed if k not in batch.tensors.keys()]
@@ -99,12 +100,14 @@ class ActorWorker(MegatronWorker):
         mask = mb["mask"]
         agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
         log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size, self.spec.temperature)
+        fused = Col.OLD_LOG_PROBS not in mb  # algorithm.old_log_prob=fused (update checked the columns)
+        old = log_probs.detach() if fused else mb[Col.OLD_LOG_PROBS]
         own = {**LOSS_PARAMS[algo.policy_loss], **algo.policy_loss_params}
         if algo.policy_loss == "clip_cov":  # its random token pick, reproducible per rank and call
             own["generator"] = self._loss_generator()
         loss, metrics = POLICY_LOSSES[algo.policy_loss](
             log_probs,
-            mb[Col.OLD_LOG_PROBS],
+            old,
             mb[Col.ADVANTAGES],
             mask,
             algo.clip_ratio_low,
@@ -118,6 +121,8 @@ class ActorWorker(MegatronWorker):
         share = mask.sum() / counts.num_tokens
         out = {f"actor/{k}": torch.as_tensor(v, dtype=torch.float64) * share for k, v in metrics.items()}
         out["actor/pg_loss"] = loss.detach()
+        if fused:
+            out.update(self._old_log_prob_metrics(mb, old, selected, mask, counts))
         if algo.entropy_coeff:
             entropy = vocab_parallel_entropy(selected, self.arch.vocab_size)
             loss = loss - entropy_bonus(entropy, mask, algo.entropy_coeff, **agg)
@@ -130,6 +135,24 @@ class ActorWorker(MegatronWorker):
             loss = loss + algo.kl_loss_coef * kl
             out["actor/kl_loss"] = kl.detach()
         return loss * float("nan") if faults.poisoned(self.role, "update", self.env.rank) else loss, out
+
+    def _old_log_prob_metrics(self, mb, old, selected, mask, counts: GlobalCounts) -> dict[str, torch.Tensor]:
+        """What the old_log_prob stage logs, from the update's forward: the mean entropy and the mean and
+        max |train − rollout| log-prob over the mini-batch's tokens (means weighted to sum over
+        micro-batches; `_max` keys are max-reduced)."""
+        with torch.no_grad():
+            diff = (old - mb[Col.ROLLOUT_LOG_PROBS]).abs()
+            entropy = vocab_parallel_entropy(selected.detach(), self.arch.vocab_size)
+            real = mask > 0
+            return {
+                "actor/entropy": aggregate(entropy, mask, "token-mean", num_tokens=counts.num_tokens),
+                "actor/train_rollout_logprob_abs_diff": aggregate(
+                    diff, mask, "token-mean", num_tokens=counts.num_tokens
+                ),
+                "actor/train_rollout_logprob_abs_diff_max": diff[real].max()
+                if real.any()
+                else diff.new_zeros(()),
+            }
 
     def _loss_generator(self) -> torch.Generator:
         if self._generator is None:

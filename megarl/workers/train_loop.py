@@ -97,7 +97,8 @@ def train_minibatches(
 
 
 def _sum_over_replica(outs: list[dict], dp_group, pp: int) -> dict[str, float]:
-    """Sum micro-batch metrics over micro-batches and DP ranks; every rank gets the values."""
+    """Sum micro-batch metrics over micro-batches and DP ranks (`*_max` ones: their max); every rank
+    gets the values."""
     from megatron.core import parallel_state as ps
 
     names = sorted(outs[0]) if outs else None
@@ -109,10 +110,17 @@ def _sum_over_replica(outs: list[dict], dp_group, pp: int) -> dict[str, float]:
             group=ps.get_pipeline_model_parallel_group(),
         )
     names = holder[0]
-    totals = torch.zeros(len(names), dtype=torch.float64)
-    if ps.is_pipeline_last_stage():
-        for i, name in enumerate(names):
-            totals[i] = sum(o[name].sum() for o in outs)
-    totals = from_last_stage(totals, pp)
-    dist.all_reduce(totals, group=dp_group)
-    return {name: totals[i].item() for i, name in enumerate(names)}
+    maxed = [name for name in names if name.endswith("_max")]  # a max, not a weighted share
+    summed = [name for name in names if name not in maxed]
+    out = {}
+    for keys, combine, op in ((summed, sum, dist.ReduceOp.SUM), (maxed, max, dist.ReduceOp.MAX)):
+        if not keys:
+            continue
+        totals = torch.zeros(len(keys), dtype=torch.float64)
+        if ps.is_pipeline_last_stage():
+            for i, name in enumerate(keys):
+                totals[i] = combine(o[name].sum() if op == dist.ReduceOp.SUM else o[name].max() for o in outs)
+        totals = from_last_stage(totals, pp)
+        dist.all_reduce(totals, op=op, group=dp_group)
+        out.update({name: totals[i].item() for i, name in enumerate(keys)})
+    return out

@@ -53,6 +53,23 @@ def test_grpo_reward_rises_and_engine_log_probs_match_megatron_every_step(grpo_r
     assert summary["val_reward_before"] == val[0] and summary["val_reward_after"] == val[-1]
 
 
+def test_one_update_per_step_fuses_the_old_log_probs_and_the_bench_reads_the_step_split(grpo_run):
+    from megarl.bench.e2e import megarl_steps
+
+    metrics = grpo_run.out / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()][1:]
+    assert grpo_run.cfg.algorithm.old_log_prob == "fused"  # auto: ppo_mini_batch_size = train_batch_size
+    assert not any("timing/old_log_prob" in r for r in records)  # no separate forward pass
+    split = megarl_steps(metrics, warmup=0)
+    assert len(split) == 12
+    for s, r in zip(split, records):
+        assert s["transition"] > 0 and s["generation"] > 0 and s["update"] > 0
+        parts = sum(s[k] for k in ("generation", "log_probs", "update", "transition", "other"))
+        assert parts == pytest.approx(s["step_seconds"], rel=1e-9)
+        assert s["transition"] + s["generation"] == pytest.approx(r["timing/generate"], rel=1e-9)
+        assert s["completion_tokens"] == pytest.approx(r["response_length/mean"] * 32 * 8)
+
+
 def test_tensorboard_and_wandb_hold_exactly_what_metrics_jsonl_holds(grpo_run):
     out = grpo_run.out
     jsonl = jsonl_history(out)

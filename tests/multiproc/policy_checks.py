@@ -210,6 +210,30 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
     return out
 
 
+def check_fused_old_log_prob(policy: str, reward: str, batch: Batch, advantages: torch.Tensor) -> dict:
+    """algorithm.old_log_prob=fused at tp2 (dp2): an update fed the engine's log-probs instead of old
+    ones takes the old log-probs from its own forward, and logs the train/rollout mismatch."""
+    cfg = config(policy, reward, 2, 1)
+    cfg.algorithm.old_log_prob = "fused"
+    actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
+    mask = batch["response_mask"]
+    lp = actor.log_prob(batch)["old_log_probs"]  # what the update's forward will compute
+    noise = torch.rand(N, RESPONSE, generator=torch.Generator().manual_seed(4)) * 0.01
+    rollout = (lp + noise) * mask
+    metrics = actor.update(
+        batch.union(Batch(tensors={"rollout_log_probs": rollout, "advantages": advantages}))
+    )[0]
+    diff = (lp - rollout).abs()[mask > 0]
+    return {
+        "pg_loss": metrics["actor/pg_loss"],
+        "grad_norm": metrics["grad_norm"],
+        "diff_mean": metrics["actor/train_rollout_logprob_abs_diff"],
+        "diff_max": metrics["actor/train_rollout_logprob_abs_diff_max"],
+        "expected_diff_mean": diff.mean().item(),
+        "expected_diff_max": diff.max().item(),
+    }
+
+
 def check_loss_wiring(policy: str, reward: str, batch: Batch, ref: dict) -> dict:
     """At tp2 (dp2): the optimal token baseline's Σπ² comes out of the actor's log-prob pass, and an
     update with another loss (SAPO with a policy_loss_params override, its auto loss_agg_mode) and
@@ -278,4 +302,8 @@ def main(argv: list[str]) -> dict:
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }
         results["loss_wiring"] = check_loss_wiring(policy, reward, batch, ref)
+        advantages = (
+            torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * batch["response_mask"]
+        )
+        results["fused"] = check_fused_old_log_prob(policy, reward, batch, advantages)
     return results

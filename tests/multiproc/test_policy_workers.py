@@ -97,6 +97,14 @@ def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batc
     assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
 
 
+def test_fused_old_log_probs_give_the_recomputed_update_and_log_the_rollout_mismatch(checks, batching):
+    got, base = batching["fused"], checks["tp2pp1"]
+    assert got["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-5)
+    assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
+    assert got["diff_mean"] == pytest.approx(got["expected_diff_mean"], rel=1e-4)
+    assert got["diff_max"] == pytest.approx(got["expected_diff_max"], rel=1e-4)
+
+
 def test_actor_reports_sum_pi_squared_and_trains_with_the_configured_loss_and_is_weights(batching):
     wiring = batching["loss_wiring"]
     assert wiring["sum_pi_squared_max_abs_diff"] <= LOG_PROB_TOL  # vocab-parallel vs transformers' softmax

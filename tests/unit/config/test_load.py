@@ -266,6 +266,14 @@ INVALID = [
         ["algorithm.name=simpo", "preference.precompute_ref=true"],
         ["algorithm.name=simpo has no reference model"],
     ),
+    (
+        ["algorithm.old_log_prob=fused", "algorithm.ppo_epochs=2", "algorithm.use_kl_in_reward=true"],
+        [
+            "algorithm.ppo_epochs=2 (needs 1)",
+            "algorithm.use_kl_in_reward=true (the reward's KL",
+            "set algorithm.old_log_prob=recompute",
+        ],
+    ),
     (["actor.parallel.tp"], ["override 'actor.parallel.tp' is not key=value"]),
     (["actor=3"], ["actor is a section, not a value"]),
 ]

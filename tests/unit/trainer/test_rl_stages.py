@@ -125,6 +125,13 @@ def _roles(**present):
     ("overrides", "roles", "stages"),
     [
         (GRPO, {}, "generate reward old_log_prob advantages update_actor"),
+        # one optimizer step per training step: auto fuses the old log-probs into the update's forward
+        ([*GRPO, "data.train_batch_size=16"], {}, "generate reward advantages update_actor"),
+        (
+            [*GRPO, "data.train_batch_size=16", "algorithm.old_log_prob=recompute"],
+            {},
+            "generate reward old_log_prob advantages update_actor",
+        ),
         (
             ["algorithm.name=ppo", "algorithm.use_kl_in_reward=true"],
             {"critic": 1, "ref": 1},

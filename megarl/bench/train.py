@@ -1,0 +1,230 @@
+"""`megarl bench train`: the policy update's forward+backward (+ optimizer step) in Megatron vs plain
+transformers + torch eager, same model, batch and loss, fp32 on the CPU, one process, same threads.
+
+megarl: an ActorWorker (TP1, DP1) running `update` on a batch of random prompts + responses with
+advantages (PPO clip loss at ratio 1, token-mean, the fused old log-probs). transformers: the same HF
+checkpoint (SDPA attention), log-softmax of the response positions, the same loss, backward, AdamW.
+Both: `--warmup` updates, then the median (min–max) of `--repeats`. The CPU shims' share is measured
+in the same process: the number of torch calls the cuda_literal mode intercepts during one update,
+times its per-call cost (timed on a small op with and without the mode). Writes `<out>/train.json`
+and `train.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from megarl.bench.e2e import SIZES, prepare
+from megarl.bench.measure import spread
+
+
+def _batch(vocab: int, n: int, prompt: int, response: int, seed: int = 0):
+    """Full-length random prompts and responses, advantages ±1 per sequence."""
+    import torch
+
+    from megarl.protocol import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(5, vocab, (n, prompt), generator=g)
+    responses = torch.randint(5, vocab, (n, response), generator=g)
+    advantages = torch.where(torch.rand(n, 1, generator=g) < 0.5, -1.0, 1.0).expand(n, response).contiguous()
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": torch.ones(n, prompt + response, dtype=torch.long),
+            "response_mask": torch.ones(n, response),
+            "rollout_log_probs": torch.zeros(n, response),
+            "advantages": advantages,
+        }
+    )
+
+
+def _timed(fn, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def _megatron(args, batch) -> dict:
+    from megarl.config.roles import role_spec
+    from megarl.config.schema import MegarlConfig
+    from megarl.workers.actor import ActorWorker
+
+    cfg = MegarlConfig()
+    cfg.model.path, cfg.model.dtype = args.model, "fp32"
+    cfg.rollout.n, cfg.data.train_batch_size = 1, args.sequences
+    cfg.algorithm.ppo_mini_batch_size = args.sequences
+    cfg.algorithm.old_log_prob = "fused"
+    cfg.actor.micro_batch_size = args.micro_batch or args.sequences
+    cfg.actor.optimizer.weight_decay, cfg.actor.optimizer.clip_grad = 0.0, 1.0
+    actor = ActorWorker(role_spec(cfg, "actor"))
+    seconds = _timed(lambda: actor.update(batch), args.warmup, args.repeats)
+    calls = _count_mode_calls(lambda: actor.update(batch))
+    return {"seconds": seconds, "intercepted_calls": calls}
+
+
+def _count_mode_calls(fn) -> int:
+    """Torch calls the cuda_literal mode sees during fn(): a counting mode pushed right above it."""
+    from torch.overrides import TorchFunctionMode
+
+    count = 0
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            nonlocal count
+            count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return count
+
+
+def _mode_cost_per_call(n: int = 20000) -> float:
+    """Seconds the cuda_literal mode adds to one small torch call (x + x on 8×8), in this process."""
+    import torch
+
+    from megarl.distributed import cpu_shims
+
+    x = torch.randn(8, 8)
+
+    def loop() -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            x.add(x)
+        return (time.perf_counter() - start) / n
+
+    with_mode = min(loop() for _ in range(3))
+    with cpu_shims.cuda_literal_suspended():
+        without = min(loop() for _ in range(3))
+    return max(with_mode - without, 0.0)
+
+
+def _transformers(args, batch) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from megarl.distributed.cpu_shims import cuda_literal_suspended
+
+    with cuda_literal_suspended():  # plain torch eager: none of megarl's CPU shims
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        responses, adv = batch["responses"], batch["advantages"]
+        start = ids.shape[1] - responses.shape[1]
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, start - 1 : -1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, responses[..., None])[..., 0]
+            ratio = torch.exp(lp - lp.detach())
+            loss = -(torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        return {"seconds": _timed(step, args.warmup, args.repeats)}
+
+
+def bench_rank(spec: dict) -> dict:
+    """The rank program (one rank): both sides in this process, torch at `threads` threads."""
+    import torch
+    from transformers import AutoConfig
+
+    args = argparse.Namespace(**spec)
+    torch.set_num_threads(args.threads)
+    vocab = AutoConfig.from_pretrained(args.model).vocab_size
+    batch = _batch(vocab, args.sequences, args.prompt_len, args.response_len)
+    megatron = _megatron(args, batch)
+    hf = _transformers(args, batch)
+    per_call = _mode_cost_per_call()
+    tokens = args.sequences * (args.prompt_len + args.response_len)
+    m, h = spread(megatron["seconds"]), spread(hf["seconds"])
+    shim_seconds = megatron["intercepted_calls"] * per_call
+    return {
+        "threads": torch.get_num_threads(),
+        "tokens": tokens,
+        "megatron": {**m, "tokens_per_s": tokens / m["median"], "raw": megatron["seconds"]},
+        "transformers": {**h, "tokens_per_s": tokens / h["median"], "raw": hf["seconds"]},
+        "ratio_tokens_per_s": h["median"] / m["median"],
+        "shim": {
+            "intercepted_calls": megatron["intercepted_calls"],
+            "seconds_per_call": per_call,
+            "seconds": shim_seconds,
+            "share_of_update": shim_seconds / m["median"],
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    from megarl.distributed.rank_program import launch_rank_program
+
+    root = Path(args.out)
+    result = {"sizes": {}}
+    for name in args.sizes:
+        model, _, params = prepare(SIZES[name], root)
+        spec = {
+            "model": str(model),
+            "sequences": args.sequences,
+            "prompt_len": args.prompt_len,
+            "response_len": args.response_len,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "threads": args.threads or os.cpu_count(),
+            "micro_batch": args.micro_batch,
+        }
+        print(
+            f"bench train {name}: {params / 1e6:.2f}M, {args.sequences}×({args.prompt_len}+{args.response_len})"
+        )
+        launch = launch_rank_program("megarl.bench.train:bench_rank", spec, nproc=1)
+        if not launch.results:
+            raise RuntimeError(f"train benchmark failed:\n{launch.failure_summary()}")
+        result["sizes"][name] = {"params": params, **spec, **launch.results[0]}
+        (root / "train.json").write_text(json.dumps(result, indent=2))
+        (root / "train.md").write_text(table(result))
+    return result
+
+
+def table(result: dict) -> str:
+    lines = [
+        "# megarl bench train — policy update (fwd+bwd+optimizer), fp32 CPU, one process, median (min–max)",
+        "",
+        "| size | tokens | threads | Megatron s | transformers s | Megatron tok/s | transformers tok/s "
+        "| Megatron/transformers | shim calls | shim s (share) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in result["sizes"].items():
+        m, h, s = r["megatron"], r["transformers"], r["shim"]
+        lines.append(
+            f"| {name} ({r['params'] / 1e6:.2f}M) | {r['tokens']} | {r['threads']} "
+            f"| {m['median']:.3f} ({m['min']:.3f}–{m['max']:.3f}) | {h['median']:.3f} ({h['min']:.3f}–{h['max']:.3f}) "
+            f"| {m['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | **{r['ratio_tokens_per_s']:.2f}×** "
+            f"| {s['intercepted_calls']} | {s['seconds']:.3f} ({s['share_of_update']:.0%}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="outputs/bench")
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "3m", "25m"], choices=list(SIZES))
+    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--response-len", type=int, default=96)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--micro-batch", type=int, default=None, help="Megatron's micro-batch (default: all sequences, as HF)"
+    )

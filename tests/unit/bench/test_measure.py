@@ -1,0 +1,55 @@
+"""The comparative suites' shared measurements: a real child process tree's peak memory, its clean-up,
+failures that name the log, and the spread of repeated numbers."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+import pytest
+
+from megarl.bench.measure import run_measured, spread
+
+# holds ~200 MiB for a second, and leaves a grandchild behind that would sleep for a minute
+CHILD = """
+import subprocess, sys, time
+blob = bytearray(200 * 2**20)
+for i in range(0, len(blob), 4096):
+    blob[i] = 1
+left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(left.pid, flush=True)
+time.sleep(1.0)
+"""
+
+
+def test_peak_memory_of_the_tree_is_measured_and_nothing_is_left_behind(tmp_path):
+    log = tmp_path / "child.log"
+    measured = run_measured([sys.executable, "-c", CHILD], log)
+    assert measured.peak_rss_bytes >= 190 * 2**20
+    assert measured.peak_rss_bytes < 2**30
+    assert measured.seconds >= 1.0
+    left = int(log.read_text().split()[0])
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(left) and psutil.Process(left).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"pid {left} outlived the measured command"
+        time.sleep(0.05)
+
+
+def test_a_failed_command_raises_with_its_exit_code_and_the_log(tmp_path):
+    log = tmp_path / "fail.log"
+    with pytest.raises(RuntimeError, match=r"exit 3; log .*fail\.log:\n.*no such model"):
+        run_measured([sys.executable, "-c", "import sys; print('no such model'); sys.exit(3)"], log)
+
+
+def test_a_command_past_its_time_limit_is_killed_and_named(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1s"):
+        run_measured(
+            [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "slow.log", timeout_s=1
+        )
+    assert time.monotonic() - start < 15
+
+
+def test_spread_is_the_median_and_range():
+    assert spread([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}

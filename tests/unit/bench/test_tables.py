@@ -1,0 +1,59 @@
+"""The e2e and scaling suites' arithmetic and tables, on hand-made results."""
+
+from __future__ import annotations
+
+import pytest
+
+from megarl.bench.e2e import SIZES, STAGES, summarize_side, table
+from megarl.bench.scaling import AXES, fit_exponent, points
+
+
+def _side(seconds: list[float], tokens: int) -> dict:
+    steps = [
+        {"step_seconds": s, "completion_tokens": tokens, **{k: s / len(STAGES) for k in STAGES}}
+        for s in seconds
+    ]
+    return {"steps": steps, "peak_rss_bytes": 512 * 2**20}
+
+
+def test_the_e2e_table_gives_medians_spreads_and_the_ratio():
+    megarl, trl = summarize_side(_side([1.0, 2.0, 4.0], 1000)), summarize_side(_side([4.0, 5.0, 6.0], 1000))
+    assert megarl["tokens_per_s"] == {"median": 500.0, "min": 250.0, "max": 1000.0, "n": 3}
+    assert megarl["peak_rss_mib"] == 512
+    result = {
+        "cores": 2,
+        "warmup": 1,
+        "steps": 3,
+        "sizes": {
+            "tiny": {
+                "params": 850_000,
+                "size": SIZES["tiny"].__dict__,
+                "megarl": {"summary": megarl},
+                "trl": {"summary": trl},
+                "ratio_tokens_per_s": 500.0 / 200.0,
+            }
+        },
+    }
+    text = table(result)
+    assert "| tiny (0.85M, 8×4×32) | megarl | 500 (250–1000) | 2.00 (1.00–4.00) |" in text
+    assert "**2.50×**" in text
+    assert "| tiny (0.85M, 8×4×32) | trl | 200 (167–250) | 5.00 (4.00–6.00) |" in text
+
+
+def test_the_fitted_exponent_of_a_power_law_is_its_power():
+    xs = [8, 16, 32, 64]
+    assert fit_exponent(xs, [3 * x**0.5 for x in xs]) == pytest.approx(0.5, abs=1e-12)
+    assert fit_exponent(xs, [7.0] * 4) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_each_scaling_axis_changes_only_its_own_quantity(axis):
+    sizes = [size for _, size in points(axis)]
+    moved = {
+        "model_params": lambda s: s.model,
+        "prompts": lambda s: s.prompts,
+        "new_tokens": lambda s: s.new_tokens,
+    }
+    for key, get in moved.items():
+        values = {repr(get(s)) for s in sizes}
+        assert len(values) == (len(sizes) if key == axis else 1), (key, values)
