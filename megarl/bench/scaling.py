@@ -79,9 +79,15 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _write(root: Path, result: dict) -> None:
-    (root / "scaling.json").write_text(json.dumps(result, indent=2))
-    (root / "scaling.md").write_text(table(result))
-    plot(result, root / "scaling.png")
+    """scaling.{json,md,png}; axes this run did not measure keep their earlier points."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "scaling.json"
+    earlier = json.loads(path.read_text()).get("axes", {}) if path.exists() else {}
+    axes = {**earlier, **result["axes"]}
+    merged = {**result, "axes": {k: axes[k] for k in AXES if k in axes}}
+    path.write_text(json.dumps(merged, indent=2))
+    (root / "scaling.md").write_text(table(merged))
+    plot(merged, root / "scaling.png")
 
 
 def table(result: dict) -> str:

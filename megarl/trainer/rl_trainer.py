@@ -25,6 +25,7 @@ import torch
 from megarl.algorithms.aggregate import masked_mean
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto
+from megarl.config.validate_algorithm import fused_old_log_prob_blockers
 from megarl.controller.rank_status import RANK_STATUS, RESUME_ADVICE
 from megarl.controller.worker import WorkerError
 from megarl.observe.profiling import StepProfiler
@@ -66,6 +67,11 @@ class RLTrainer:
         from megarl.rewards import RewardComputer
 
         self.cfg = cfg = resolve_auto(cfg)
+        if cfg.algorithm.old_log_prob == "fused" and (why := fused_old_log_prob_blockers(cfg)):
+            raise ValueError(  # a config edited in Python after load_config decided "auto"
+                f"algorithm.old_log_prob=fused, but {'; '.join(why)}; set algorithm.old_log_prob=recompute "
+                "(or None: auto decides again)"
+            )
         # Everything that can be wrong with the data or the rewards fails here, before any worker starts.
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
         self.train_data = PromptDataset.from_config(cfg.data, self.tokenizer, split="train")

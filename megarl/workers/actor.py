@@ -93,6 +93,12 @@ class ActorWorker(MegatronWorker):
         seqs = sequences_from_batch(batch)
         fields = {k: batch[k].float() for k in needed + optional}
         mini = self.spec.mini_batch_size // self.layout.dp
+        if fused and (self.spec.epochs != 1 or len(seqs) != mini):
+            raise ValueError(
+                f"algorithm.old_log_prob=fused needs one optimizer step per update, but this update has "
+                f"ppo_epochs={self.spec.epochs} and {len(seqs)} sequences per rank for mini-batches of {mini}; "
+                "set algorithm.old_log_prob=recompute (or leave it unset: auto decides from the config)"
+            )
         return train_minibatches(self, seqs, fields, self._policy_loss, mini, self.spec.epochs)
 
     def _policy_loss(self, mb: dict, logits: torch.Tensor, counts: GlobalCounts):
@@ -142,10 +148,11 @@ class ActorWorker(MegatronWorker):
         micro-batches; `_max` keys are max-reduced)."""
         with torch.no_grad():
             diff = (old - mb[Col.ROLLOUT_LOG_PROBS]).abs()
-            entropy = vocab_parallel_entropy(selected.detach(), self.arch.vocab_size)
             real = mask > 0
+            # over the real tokens only: [T, V/tp] rather than the padded [k, R, V/tp], beside the graph
+            entropy = vocab_parallel_entropy(selected.detach()[real], self.arch.vocab_size)
             return {
-                "actor/entropy": aggregate(entropy, mask, "token-mean", num_tokens=counts.num_tokens),
+                "actor/entropy": entropy.sum() / counts.num_tokens,
                 "actor/train_rollout_logprob_abs_diff": aggregate(
                     diff, mask, "token-mean", num_tokens=counts.num_tokens
                 ),

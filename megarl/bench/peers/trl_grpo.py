@@ -5,7 +5,7 @@
 SPEC: {"model", "prompts" [{"prompt": [messages], "ground_truth": str}], "prompts_per_step",
 "group_size", "max_new_tokens", "steps", "lr", "seed"}. OUT: per step the wall seconds and their split
 (generation = transformers.generate, log_probs = log-prob passes before the loss, reward, update = the
-rest of the step: loss forward, backward, optimizer), the completion tokens, and the start-up seconds.
+rest of the step: loss forward, backward, optimizer; other = reward and batch preparation), the completion tokens, and the start-up seconds.
 
 Settings mirror megarl's side of the benchmark: fp32 (bf16 off: TRL turns it on by default, even on
 CPU), no gradient checkpointing, beta 0 (no reference model), one policy update per step
@@ -80,7 +80,7 @@ def split(start: float, end: float) -> dict[str, float]:
         "reward": reward,
         "transition": 0.0,  # HF generate runs on the training weights: nothing to sync
         "update": seconds - prepared,
-        "other": prepared - generation - log_probs - reward,
+        "other": prepared - generation - log_probs,  # reward included, as in megarl's "other"
     }
 
 

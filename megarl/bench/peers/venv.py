@@ -39,6 +39,8 @@ def peer_python(peer: str, root: Path, log=print) -> Path:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if any("+cpu" in p for p in pins):  # PyPI has no +cpu builds: PyTorch's own index does
+        pip += ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
     done = subprocess.run([*pip, *pins], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(

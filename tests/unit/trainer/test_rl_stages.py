@@ -220,3 +220,13 @@ def test_optimal_token_baseline_gets_the_actors_columns_from_the_batch():
     )  # fmt: skip
     assert torch.equal(out["advantages"], expected)
     assert out["advantages"].abs().sum() > 0
+
+
+def test_a_fused_config_edited_into_several_updates_per_step_is_refused_before_any_worker_starts():
+    from megarl.trainer.rl_trainer import RLTrainer
+
+    cfg = load_config(None, [*GRPO, "data.train_batch_size=16"], check_paths=False)
+    assert cfg.algorithm.old_log_prob == "fused"  # auto, decided at load
+    cfg.algorithm.ppo_epochs = 2  # edited in Python afterwards
+    with pytest.raises(ValueError, match=r"old_log_prob=fused, but algorithm.ppo_epochs=2 \(needs 1\)"):
+        RLTrainer(cfg)
