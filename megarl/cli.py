@@ -170,25 +170,19 @@ def cmd_bench_reshard(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_e2e(args: argparse.Namespace) -> int:
-    from megarl.bench import e2e
-
-    result = e2e.run(args)
-    print(e2e.table(result))
-    return 0
-
-
-def cmd_bench_scaling(args: argparse.Namespace) -> int:
-    from megarl.bench import scaling
-
-    print(scaling.table(scaling.run(args)))
-    return 0
+# the comparative suites: each module has add_arguments(parser), run(args) -> result, table(result)
+TABLE_SUITES = {
+    "e2e": "a GRPO step, megarl vs TRL's GRPOTrainer, same machine and run",
+    "scaling": "megarl's step time as model, prompts and length grow",
+    "train": "policy update: Megatron vs transformers eager, same batch",
+}
 
 
-def cmd_bench_train(args: argparse.Namespace) -> int:
-    from megarl.bench import train
+def cmd_bench_suite(args: argparse.Namespace) -> int:
+    import importlib
 
-    print(train.table(train.run(args)))
+    suite = importlib.import_module(f"megarl.bench.{args.what}")
+    print(suite.table(suite.run(args)))
     return 0
 
 
@@ -327,21 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     reshard_arguments(bench_reshard)
     bench_reshard.set_defaults(func=cmd_bench_reshard)
-    bench_e2e = bench.add_parser("e2e", help="a GRPO step, megarl vs TRL's GRPOTrainer, same machine and run")
-    from megarl.bench.e2e import add_arguments as e2e_arguments
+    import importlib
 
-    e2e_arguments(bench_e2e)
-    bench_e2e.set_defaults(func=cmd_bench_e2e)
-    bench_scaling = bench.add_parser("scaling", help="megarl's step time as model, prompts and length grow")
-    from megarl.bench.scaling import add_arguments as scaling_arguments
-
-    scaling_arguments(bench_scaling)
-    bench_scaling.set_defaults(func=cmd_bench_scaling)
-    bench_train = bench.add_parser("train", help="policy update: Megatron vs transformers eager, same batch")
-    from megarl.bench.train import add_arguments as train_arguments
-
-    train_arguments(bench_train)
-    bench_train.set_defaults(func=cmd_bench_train)
+    for name, text in TABLE_SUITES.items():
+        suite_parser = bench.add_parser(name, help=text)
+        importlib.import_module(f"megarl.bench.{name}").add_arguments(suite_parser)
+        suite_parser.set_defaults(func=cmd_bench_suite)
     bench_checkpoint = bench.add_parser(
         "checkpoint", help="a trained role's checkpoint: save/load time, size"
     )

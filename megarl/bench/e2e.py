@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megarl.bench.measure import run_measured, spread
+from megarl.bench.measure import merged_with_earlier, run_measured, spread
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_grpo.yaml"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "trl_grpo.py"
@@ -247,11 +247,8 @@ def run(args: argparse.Namespace) -> dict:
 def _write(root: Path, result: dict) -> None:
     """e2e.json / e2e.md; sizes this run did not measure keep their earlier numbers (and dates)."""
     root.mkdir(parents=True, exist_ok=True)
-    path = root / "e2e.json"
-    earlier = json.loads(path.read_text()).get("sizes", {}) if path.exists() else {}
-    merged = {**result, "sizes": {**earlier, **result["sizes"]}}
-    merged["sizes"] = {k: merged["sizes"][k] for k in SIZES if k in merged["sizes"]}
-    path.write_text(json.dumps(merged, indent=2))
+    merged = merged_with_earlier(root / "e2e.json", "sizes", result, list(SIZES))
+    (root / "e2e.json").write_text(json.dumps(merged, indent=2))
     (root / "e2e.md").write_text(table(merged))
 
 

@@ -3,6 +3,7 @@ wall time, its log on failure) and the median / spread of repeated numbers."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -101,6 +102,14 @@ def _kill_tree(proc: psutil.Process) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(family, timeout=10)
+
+
+def merged_with_earlier(path: Path, key: str, result: dict, order: list[str]) -> dict:
+    """`result` with the entries of `result[key]` that `path` (an earlier run's JSON) has and this run
+    did not measure kept, in `order`: running one size or axis at a time builds up the whole table."""
+    earlier = json.loads(path.read_text()).get(key, {}) if path.exists() else {}
+    entries = {**earlier, **result[key]}
+    return {**result, key: {k: entries[k] for k in order if k in entries}}
 
 
 def spread(values: list[float]) -> dict[str, float]:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from megarl.bench.e2e import SIZES, prepare, run_megarl, summarize_side
+from megarl.bench.measure import merged_with_earlier
 
 BASE = SIZES["tiny"]
 AXES = {
@@ -81,11 +82,8 @@ def run(args: argparse.Namespace) -> dict:
 def _write(root: Path, result: dict) -> None:
     """scaling.{json,md,png}; axes this run did not measure keep their earlier points."""
     root.mkdir(parents=True, exist_ok=True)
-    path = root / "scaling.json"
-    earlier = json.loads(path.read_text()).get("axes", {}) if path.exists() else {}
-    axes = {**earlier, **result["axes"]}
-    merged = {**result, "axes": {k: axes[k] for k in AXES if k in axes}}
-    path.write_text(json.dumps(merged, indent=2))
+    merged = merged_with_earlier(root / "scaling.json", "axes", result, list(AXES))
+    (root / "scaling.json").write_text(json.dumps(merged, indent=2))
     (root / "scaling.md").write_text(table(merged))
     plot(merged, root / "scaling.png")
 

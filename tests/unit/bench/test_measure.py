@@ -53,3 +53,20 @@ def test_a_command_past_its_time_limit_is_killed_and_named(tmp_path):
 
 def test_spread_is_the_median_and_range():
     assert spread([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+
+
+def test_a_run_of_one_size_keeps_the_other_sizes_of_the_earlier_run(tmp_path):
+    import json
+
+    from megarl.bench.measure import merged_with_earlier
+
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps({"steps": 3, "sizes": {"25m": {"old": 1}, "tiny": {"old": 1}}}))
+    merged = merged_with_earlier(
+        path, "sizes", {"steps": 5, "sizes": {"tiny": {"new": 1}}}, ["tiny", "3m", "25m"]
+    )
+    assert merged == {"steps": 5, "sizes": {"tiny": {"new": 1}, "25m": {"old": 1}}}
+    assert list(merged["sizes"]) == ["tiny", "25m"]
+    assert merged_with_earlier(tmp_path / "none.json", "sizes", {"sizes": {"a": 1}}, ["a"]) == {
+        "sizes": {"a": 1}
+    }
