@@ -228,6 +228,8 @@ def _remove_sp_norm() -> None:
 
 
 # --- recompute_mask: activation recomputation rebuilds the causal mask inside backward --------------
+# (megatron's own DotProductAttention only: the SDPA core attention of the CPU spec builds no mask, so
+# this matters where that falls back, e.g. attention dropout in training.)
 # The cuda_literal mode cannot help there: a TorchFunctionMode is switched off while it handles a call,
 # and Tensor.backward is such a call, so the recomputed forward runs without it.
 
