@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megarl.bench.measure import merged_with_earlier, run_measured, spread
+from megarl.bench.measure import run_measured, spread, write_merged
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_grpo.yaml"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "trl_grpo.py"
@@ -90,15 +91,8 @@ def prepare(size: Size, root: Path) -> tuple[Path, Path, int]:
     params = 0
     for f in model.glob("*.safetensors"):
         with safe_open(str(f), "pt") as st:
-            params += sum(_numel(st, k) for k in st.keys())
+            params += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
     return model, data, params
-
-
-def _numel(st, key: str) -> int:
-    n = 1
-    for d in st.get_slice(key).get_shape():
-        n *= d
-    return n
 
 
 def megarl_overrides(size: Size, model: Path, data: Path, out: Path, steps: int) -> list[str]:
@@ -129,10 +123,11 @@ def megarl_overrides(size: Size, model: Path, data: Path, out: Path, steps: int)
 
 
 def megarl_steps(metrics: Path, warmup: int) -> list[dict]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    from megarl.observe.run_files import read_metrics
+
     steps = []
-    for r in rows:
-        if r.get("step", 0) <= warmup:
+    for r in read_metrics(metrics):
+        if r["step"] <= warmup:
             continue
         transition = r.get("generate/transition_seconds", 0.0)
         split = {
@@ -246,10 +241,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def _write(root: Path, result: dict) -> None:
     """e2e.json / e2e.md; sizes this run did not measure keep their earlier numbers (and dates)."""
-    root.mkdir(parents=True, exist_ok=True)
-    merged = merged_with_earlier(root / "e2e.json", "sizes", result, list(SIZES))
-    (root / "e2e.json").write_text(json.dumps(merged, indent=2))
-    (root / "e2e.md").write_text(table(merged))
+    write_merged(root / "e2e.json", "sizes", result, list(SIZES), table)
 
 
 def _cell(s: dict, fmt: str = "{:.2f}") -> str:

@@ -112,6 +112,16 @@ def merged_with_earlier(path: Path, key: str, result: dict, order: list[str]) ->
     return {**result, key: {k: entries[k] for k in order if k in entries}}
 
 
+def write_merged(path: Path, key: str, result: dict, order: list[str], table) -> dict:
+    """Write `result` merged with the earlier run's entries (merged_with_earlier) as `path` (JSON) and
+    its `table(...)` as the .md beside it; returns the merged result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged = merged_with_earlier(path, key, result, order)
+    path.write_text(json.dumps(merged, indent=2))
+    path.with_suffix(".md").write_text(table(merged))
+    return merged
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """Median, min and max of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}

@@ -14,13 +14,12 @@ is linear in the work, b ≪ 1 means fixed per-step overhead dominates. Writes `
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
 
 from megarl.bench.e2e import SIZES, prepare, run_megarl, summarize_side
-from megarl.bench.measure import merged_with_earlier
+from megarl.bench.measure import write_merged
 
 BASE = SIZES["tiny"]
 AXES = {
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> dict:
     for axis in args.axes:
         rows = []
         for label, size in points(axis):
-            model, data, params = prepare(SIZES[label] if axis == "model_params" else BASE, root)
+            model, data, params = prepare(size, root)  # its model is the tiny one off the model axis
             tag = replace(size, name=f"{axis}-{label}")
             print(f"bench scaling {axis}={label}: {size.prompts}×{size.group}×{size.new_tokens}", flush=True)
             summary = summarize_side(run_megarl(tag, model, data, root, args.warmup, args.steps, "scaling"))
@@ -81,10 +80,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def _write(root: Path, result: dict) -> None:
     """scaling.{json,md,png}; axes this run did not measure keep their earlier points."""
-    root.mkdir(parents=True, exist_ok=True)
-    merged = merged_with_earlier(root / "scaling.json", "axes", result, list(AXES))
-    (root / "scaling.json").write_text(json.dumps(merged, indent=2))
-    (root / "scaling.md").write_text(table(merged))
+    merged = write_merged(root / "scaling.json", "axes", result, list(AXES), table)
     plot(merged, root / "scaling.png")
 
 
