@@ -106,7 +106,7 @@ class ActorWorker(MegatronWorker):
         mask = mb["mask"]
         agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
         log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size, self.spec.temperature)
-        fused = Col.OLD_LOG_PROBS not in mb  # algorithm.old_log_prob=fused (update checked the columns)
+        fused = algo.old_log_prob == "fused"  # the old log-probs are this forward's, detached
         old = log_probs.detach() if fused else mb[Col.OLD_LOG_PROBS]
         own = {**LOSS_PARAMS[algo.policy_loss], **algo.policy_loss_params}
         if algo.policy_loss == "clip_cov":  # its random token pick, reproducible per rank and call
