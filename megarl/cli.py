@@ -175,6 +175,7 @@ TABLE_SUITES = {
     "e2e": "a GRPO step, megarl vs TRL's GRPOTrainer, same machine and run",
     "scaling": "megarl's step time as model, prompts and length grow",
     "train": "policy update: Megatron vs transformers eager, same batch",
+    "rollout": "vLLM in the trainer after a weight sync vs a standalone engine",
 }
 
 

@@ -2,10 +2,16 @@
 
 Launches `--nproc` ranks, loads the HF checkpoint into Megatron at TP × PP (DP = the rest), builds the
 generation plan for `--gen-tp`, and reshards the weights into generation-TP shards of HF tensors
-(what the rollout engine loads) in buckets — pushed into a real vLLM engine with `--engine`. Reports per rank: bytes received, the plan's floor and
-their ratio, seconds per phase (PP broadcast, micro-DP gather, HF layout), and the peak extra memory
-over the transition (RSS on CPU, allocated on GPU). Both paths run unless `--naive` or `--zero-only`
-picks one.
+(what the rollout engine loads) in buckets — pushed into a real vLLM engine with `--engine`. Reports per
+rank: bytes received, the plan's floor and their ratio, seconds per phase (PP broadcast, micro-DP
+gather, HF layout, engine load), and the peak extra memory over the transition (allocated on GPU; on
+CPU the RSS, sampled at every bucket, in a separate run after the timed ones with glibc made to
+return every freed tensor to the OS: see `_exact_host_memory`). Both paths run
+unless `--naive` or `--zero-only` picks one.
+
+`--bucket-mib A B …` sweeps the zero-redundancy path over bucket sizes (peak memory vs time). With
+`--engine` the transition is also compared with the restart it replaces: export the same weights as
+safetensors and start a fresh engine from them. Writes `<out>/reshard.json` and `reshard.md`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,19 @@ import statistics
 import time
 
 # what the ranks read from the command line's settings
-RANK_SETTINGS = ("hf", "tp", "pp", "gen_tp", "repeats", "dtype", "bucket_mib", "naive", "zero_only", "engine")
+RANK_SETTINGS = (
+    "hf",
+    "tp",
+    "pp",
+    "gen_tp",
+    "repeats",
+    "dtype",
+    "bucket_mib",
+    "naive",
+    "zero_only",
+    "engine",
+    "export_dir",
+)
 
 
 def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dict:
@@ -25,6 +43,7 @@ def transition(worker, plan, naive: bool, bucket_bytes: int, engine=None) -> dic
 
     resharder = Resharder(worker.chunks, worker.arch, plan, bucket_bytes=bucket_bytes, naive=naive)
     stats = ReshardStats()
+    platform().release_cached_memory()
     before = peak = platform().memory_in_use()
     start = time.perf_counter()
     for bucket in resharder.buckets(stats):
@@ -56,6 +75,7 @@ def bench_rank(spec: dict) -> dict:
     from megarl.config.roles import role_spec, rollout_spec
     from megarl.config.schema import MegarlConfig
     from megarl.distributed.generation_plan import GenerationPlan
+    from megarl.distributed.platform import platform
     from megarl.workers.reference import ReferenceWorker
 
     args = argparse.Namespace(**spec)
@@ -76,18 +96,68 @@ def bench_rank(spec: dict) -> dict:
         ["naive"] if args.naive else ["zero_redundancy"] if args.zero_only else ["zero_redundancy", "naive"]
     )
     result = {"plan": plan.describe(), "model_bytes": _model_bytes(worker)}
-    for path in paths:
-        runs = [
-            transition(worker, plan, path == "naive", args.bucket_mib << 20, engine)
-            for _ in range(args.repeats)
-        ]
-        mine = {**runs[-1], "seconds": statistics.median(r["seconds"] for r in runs)}
+    points = [
+        (path, mib)
+        for path in paths
+        for mib in (args.bucket_mib if path == "zero_redundancy" else args.bucket_mib[:1])
+    ]
+    for path in paths:  # warm-up: first-use allocations (gloo buffers, engine scratch)
+        transition(worker, plan, path == "naive", args.bucket_mib[0] << 20, engine)
+    timed = {}
+    for path, mib in points:
+        runs = [transition(worker, plan, path == "naive", mib << 20, engine) for _ in range(args.repeats)]
+        timed[path, mib] = {**runs[-1], "seconds": statistics.median(r["seconds"] for r in runs)}
+    if not platform().is_cuda:  # memory last: exact host accounting slows every allocation
+        _exact_host_memory()
+        for path, mib in points:
+            peak = transition(worker, plan, path == "naive", mib << 20, engine)["peak_extra_bytes"]
+            timed[path, mib]["peak_extra_bytes"] = peak
+    for path, mib in points:
         everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        result[path] = everyone
+        dist.all_gather_object(everyone, timed[path, mib])
+        result.setdefault("bucket_sweep", {}).setdefault(path, []).append(
+            {"bucket_mib": mib, "ranks": everyone}
+        )
+        if mib == args.bucket_mib[0]:
+            result[path] = everyone
     if engine is not None:
         engine.close()
+        result["fresh_engine"] = _fresh_engine(worker, cfg, plan, args.export_dir)
     return result
+
+
+def _exact_host_memory() -> None:
+    """From here on glibc serves every allocation over 128 KiB by its own mmap, unmapped when freed, so
+    the RSS follows the live tensors. Its default threshold grows as buffers are freed and then keeps
+    them in the heap, where RSS counts them long after: the peak would be the transition's total."""
+    import ctypes
+
+    m_mmap_threshold = -3  # glibc's malloc.h
+    ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 128 << 10)
+
+
+def _fresh_engine(worker, cfg, plan, export_dir: str) -> list[dict]:
+    """The restart the transition replaces, per rank: export the weights as safetensors (collective),
+    then start a new engine from them (the in-place engine closed first)."""
+    import torch.distributed as dist
+
+    from megarl.config.roles import rollout_spec
+    from megarl.models.convert.export import export_hf
+    from megarl.rollout.vllm import VLLMRollout
+
+    dist.barrier()
+    start = time.perf_counter()
+    export_hf(worker.chunks, worker.arch, cfg.model.path, export_dir)
+    dist.barrier()
+    exported = time.perf_counter() - start
+    cfg.model.path = export_dir
+    start = time.perf_counter()
+    engine = VLLMRollout(rollout_spec(cfg), tp_groups=plan.gen_tp_groups)
+    started = time.perf_counter() - start
+    engine.close()
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, {"export_seconds": exported, "start_seconds": started})
+    return everyone
 
 
 def _model_bytes(worker) -> int:
@@ -125,14 +195,70 @@ def summarize(result: dict) -> str:
     return "\n".join(lines)
 
 
+def table(result: dict) -> str:
+    """The markdown report: the slowest rank's numbers per bucket size, and the fresh-engine restart."""
+    lines = [
+        f"# megarl bench reshard — TP {result['tp']} × PP {result['pp']} → generation TP {result['gen_tp']}, "
+        f"{result['nproc']} ranks",
+        "",
+        "```",
+        result["plan"],
+        "```",
+        "",
+        f"Model {result['model_bytes'] / 2**20:.1f} MiB. Seconds: median of the timed runs; peak extra memory over the "
+        "transition (GPU: allocated; CPU: RSS with every freed tensor returned to the OS).",
+        "",
+        "| path | bucket MiB | received / floor | seconds (slowest rank) | peak extra MiB (largest rank) "
+        "| largest bucket MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path, sweep in result.get("bucket_sweep", {}).items():
+        for point in sweep:
+            ranks = point["ranks"]
+            lines.append(
+                f"| {path} | {point['bucket_mib']} | {max(r['ratio'] for r in ranks):.2f} "
+                f"| {max(r['seconds'] for r in ranks):.3f} | {max(r['peak_extra_bytes'] for r in ranks) / 2**20:.1f} "
+                f"| {max(r['largest_bucket_bytes'] for r in ranks) / 2**20:.1f} |"
+            )
+    fresh = result.get("fresh_engine")
+    if fresh:  # the fastest bucket size of the sweep, as a user would set it
+        best = min(
+            result["bucket_sweep"]["zero_redundancy"], key=lambda p: max(r["seconds"] for r in p["ranks"])
+        )
+        transition = max(r["seconds"] for r in best["ranks"])
+        export = max(r["export_seconds"] for r in fresh)
+        start = max(r["start_seconds"] for r in fresh)
+        lines += [
+            "",
+            "The restart the transition replaces: export the same weights as safetensors, start a fresh engine.",
+            "",
+            "| in-place transition s (bucket MiB) | export safetensors s | fresh engine start s | restart / transition |",
+            "|---|---|---|---|",
+            f"| {transition:.3f} ({best['bucket_mib']}) | {export:.3f} | {start:.3f} "
+            f"| **{(export + start) / transition:.1f}×** |",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> dict:
+    import json
+    import tempfile
+    from pathlib import Path
+
     from megarl.distributed.rank_program import launch_rank_program
 
-    spec = {name: getattr(args, name) for name in RANK_SETTINGS}
-    launch = launch_rank_program("megarl.bench.reshard:bench_rank", spec, nproc=args.nproc)
+    with tempfile.TemporaryDirectory(prefix="megarl-reshard-export-") as export_dir:
+        spec = {name: getattr(args, name) for name in RANK_SETTINGS if name != "export_dir"}
+        spec["export_dir"] = f"{export_dir}/hf"
+        launch = launch_rank_program("megarl.bench.reshard:bench_rank", spec, nproc=args.nproc)
     if not launch.results:
         raise RuntimeError(f"reshard benchmark failed:\n{launch.failure_summary()}")
-    return {"nproc": args.nproc, "tp": args.tp, "pp": args.pp, "gen_tp": args.gen_tp, **launch.results[0]}
+    result = {"nproc": args.nproc, "tp": args.tp, "pp": args.pp, "gen_tp": args.gen_tp, **launch.results[0]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reshard.json").write_text(json.dumps(result, indent=2))
+    (out / "reshard.md").write_text(table(result))
+    return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,8 +269,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--naive", action="store_true", help="only the naive full all-gather path")
     parser.add_argument("--zero-only", action="store_true", help="only the zero-redundancy path")
-    parser.add_argument("--bucket-mib", type=int, default=64)
+    parser.add_argument(
+        "--bucket-mib",
+        type=int,
+        nargs="+",
+        default=[64],
+        help="bucket sizes; several sweep the zero-redundancy path",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--engine", action="store_true", help="also push every bucket into a vLLM engine")
+    parser.add_argument(
+        "--engine",
+        action="store_true",
+        help="push every bucket into a vLLM engine; compare a fresh engine start",
+    )
+    parser.add_argument("--out", default="outputs/bench", help="writes reshard.json and reshard.md here")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -73,6 +73,30 @@ def check_complete_layers(names: Iterable[str], layers: Mapping[str, set[str]]) 
         )
 
 
+def request_seeds(seed: int, replica: int, step: int, n_prompts: int) -> list[int]:
+    """One sampling seed per prompt of generate call `step` on generation replica `replica`: fresh for
+    every call and replica, the same on every rank of a replica (so its TP ranks sample identical
+    tokens). vLLM gives sample j of a prompt seed + j."""
+    sequence = np.random.SeedSequence([seed, replica, step])
+    return [int(s) >> 1 for s in sequence.generate_state(n_prompts, dtype=np.uint32)]
+
+
+def sampling_params(sampling: SamplingConfig, max_tokens: int, seed: int) -> dict:
+    """`vllm.SamplingParams`' arguments (JSON values) for one prompt's request."""
+    return dict(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_tokens=max_tokens,
+        stop_token_ids=list(sampling.stop_token_ids),
+        stop=list(sampling.stop),
+        detokenize=bool(sampling.stop),
+        logprobs=0,
+        seed=seed,
+    )
+
+
 @contextlib.contextmanager
 def _log_level(logger: str, level: int) -> Iterator[None]:
     log = logging.getLogger(logger)
@@ -148,26 +172,31 @@ class VLLMRollout(Rollout):
         from vllm import LLM
 
         spare_default_process_group()
+        with engine_call(), given_tp_groups(self.tp_groups):
+            return LLM(**self.engine_kwargs, distributed_executor_backend="external_launcher")
+
+    @property
+    def engine_kwargs(self) -> dict:
+        """`vllm.LLM`'s arguments for this spec (JSON values), less the executor backend: what a
+        standalone engine needs to run exactly as this one does (`megarl bench rollout`)."""
         cfg, r = self.cfg, self.cfg.rollout
         longest = max(t or cfg.max_response_length for t in (r.max_tokens, r.val.max_tokens))
-        with engine_call(), given_tp_groups(self.tp_groups):
-            return LLM(
-                model=cfg.model.path,
-                tokenizer=cfg.model.tokenizer_path or cfg.model.path,
-                trust_remote_code=cfg.model.trust_remote_code,
-                dtype=hf_name(cfg.model.dtype),
-                tensor_parallel_size=r.tp,
-                distributed_executor_backend="external_launcher",
-                seed=self.seed,
-                max_model_len=cfg.max_prompt_length + longest,
-                max_num_seqs=r.max_num_seqs,
-                gpu_memory_utilization=r.gpu_memory_utilization,
-                kv_cache_memory_bytes=r.kv_cache_memory_bytes,
-                enforce_eager=r.enforce_eager,
-                enable_prefix_caching=True,
-                enable_sleep_mode=self.can_sleep,
-                logprobs_mode=_LOGPROBS_MODE,
-            )
+        return dict(
+            model=cfg.model.path,
+            tokenizer=cfg.model.tokenizer_path or cfg.model.path,
+            trust_remote_code=cfg.model.trust_remote_code,
+            dtype=hf_name(cfg.model.dtype),
+            tensor_parallel_size=r.tp,
+            seed=self.seed,
+            max_model_len=cfg.max_prompt_length + longest,
+            max_num_seqs=r.max_num_seqs,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+            enforce_eager=r.enforce_eager,
+            enable_prefix_caching=True,
+            enable_sleep_mode=self.can_sleep,
+            logprobs_mode=_LOGPROBS_MODE,
+        )
 
     def _pad_token_id(self) -> int:
         tokenizer = self.llm.get_tokenizer()
@@ -185,11 +214,9 @@ class VLLMRollout(Rollout):
         return platform().is_cuda
 
     def _request_seeds(self, n_prompts: int) -> list[int]:
-        """One seed per prompt, fresh for every call and replica; the same on every rank of a replica,
-        so its TP ranks sample identical tokens. vLLM gives sample j of a prompt seed + j."""
-        sequence = np.random.SeedSequence([self.seed, self.replica, self.sampling_step])
+        seeds = request_seeds(self.seed, self.replica, self.sampling_step, n_prompts)
         self.sampling_step += 1
-        return [int(s) >> 1 for s in sequence.generate_state(n_prompts, dtype=np.uint32)]
+        return seeds
 
     def generate(self, batch: Batch, sampling: SamplingConfig) -> Batch:
         """Sample `sampling.n` responses per prompt; see `megarl.rollout.base` for the returned columns."""
@@ -198,18 +225,7 @@ class VLLMRollout(Rollout):
         max_tokens = sampling.max_tokens or self.cfg.max_response_length
         prompts = prompt_token_ids(batch)
         params = [
-            SamplingParams(
-                n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_tokens=max_tokens,
-                stop_token_ids=list(sampling.stop_token_ids),
-                stop=list(sampling.stop),
-                detokenize=bool(sampling.stop),
-                logprobs=0,
-                seed=seed,
-            )
+            SamplingParams(**sampling_params(sampling, max_tokens, seed))
             for seed in self._request_seeds(len(prompts))
         ]
         with engine_call():

@@ -57,3 +57,26 @@ def test_each_scaling_axis_changes_only_its_own_quantity(axis):
     for key, get in moved.items():
         values = {repr(get(s)) for s in sizes}
         assert len(values) == (len(sizes) if key == axis else 1), (key, values)
+
+
+def test_the_rollout_comparison_counts_tokens_over_the_slowest_replica_and_mismatches():
+    from megarl.bench.rollout import compare
+
+    def call(seconds, tokens):
+        return {"seconds": seconds, "transition_seconds": 0.01, "token_ids": tokens}
+
+    trainer = {
+        "replicas": [
+            {"calls": [call(9.0, [[1]]), call(1.0, [[1, 2], [3]])]},  # call 0 is the warm-up
+            {"calls": [call(9.0, [[1]]), call(2.0, [[4, 5, 6]])]},
+        ]
+    }
+    standalone = [
+        {"seconds": [9.0, 0.5], "token_ids": [[[1]], [[1, 2], [3]]]},
+        {"seconds": [9.0, 1.5], "token_ids": [[[1]], [[4, 5, 7]]]},
+    ]
+    result = compare(trainer, standalone, warmup=1)
+    assert result["trainer_tokens_per_s"]["median"] == 6 / 2.0  # 6 tokens, slowest replica 2 s
+    assert result["standalone_tokens_per_s"]["median"] == 6 / 1.5
+    assert result["ratio"] == pytest.approx(0.75)
+    assert (result["samples"], result["mismatched_samples"]) == (3, 1)
