@@ -1,5 +1,7 @@
 """`megarl bench train`: the policy update's forward+backward (+ optimizer step) in Megatron vs plain
-transformers + torch eager, same model, batch and loss, fp32 on the CPU, one process, same threads.
+transformers + torch eager, same model, batch and loss, one process, same threads: fp32 on the CPU by
+default; on a GPU also bf16 (`--dtype`) and the MFU of both (model FLOPs, `update_flops`, over the
+GPU's dense peak).
 
 megarl: an ActorWorker (TP1, DP1) running `update` on a batch of random prompts + responses with
 advantages (PPO clip loss at ratio 1, token-mean, the fused old log-probs). transformers: the same HF
@@ -45,15 +47,52 @@ def _batch(vocab: int, n: int, prompt: int, response: int, seed: int = 0):
     )
 
 
-def _timed(fn, warmup: int, repeats: int) -> list[float]:
+def _timed(fn, warmup: int, repeats: int) -> dict:
+    """{"seconds": per timed call, "page_faults": minor page faults of this process per timed call}."""
+    import resource
+
+    from megarl.distributed.platform import platform
+
     for _ in range(warmup):
         fn()
     seconds = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(repeats):
+        platform().synchronize()
         start = time.perf_counter()
         fn()
+        platform().synchronize()
         seconds.append(time.perf_counter() - start)
-    return seconds
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"seconds": seconds, "page_faults": faults // repeats}
+
+
+# dense peak FLOP/s per GPU by name (the vendors' data sheets, no sparsity), for MFU
+PEAK_FLOPS = {"H200": {"bf16": 989e12, "fp32": 67e12}, "H100": {"bf16": 989e12, "fp32": 67e12}}
+
+
+def update_flops(hf_config, sequences: int, seq_len: int) -> float:
+    """Model FLOPs of one forward+backward over `sequences` × `seq_len` tokens: 6 × the matmul
+    parameters (attention and MLP projections, the LM head; not the embedding lookup) per token, plus
+    the attention scores and values, 12 × layers × hidden × seq_len per token (PaLM's accounting)."""
+    c = hf_config
+    h, layers = c.hidden_size, c.num_hidden_layers
+    head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads
+    attention = h * c.num_attention_heads * head_dim * 2 + h * c.num_key_value_heads * head_dim * 2
+    matmul_params = layers * (attention + 3 * h * c.intermediate_size) + h * c.vocab_size
+    return sequences * seq_len * (6 * matmul_params + 12 * layers * h * seq_len)
+
+
+def peak_flops(dtype: str) -> float | None:
+    """This GPU's dense peak for `dtype`, None on CPU or an unlisted GPU (no MFU then)."""
+    from megarl.distributed.platform import platform
+
+    if not platform().is_cuda:
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name()
+    return next((peaks[dtype] for key, peaks in PEAK_FLOPS.items() if key in name), None)
 
 
 def _megatron(args, batch) -> dict:
@@ -62,16 +101,16 @@ def _megatron(args, batch) -> dict:
     from megarl.workers.actor import ActorWorker
 
     cfg = MegarlConfig()
-    cfg.model.path, cfg.model.dtype = args.model, "fp32"
+    cfg.model.path, cfg.model.dtype = args.model, args.dtype
     cfg.rollout.n, cfg.data.train_batch_size = 1, args.sequences
     cfg.algorithm.ppo_mini_batch_size = args.sequences
     cfg.algorithm.old_log_prob = "fused"
     cfg.actor.micro_batch_size = args.micro_batch or args.sequences
     cfg.actor.optimizer.weight_decay, cfg.actor.optimizer.clip_grad = 0.0, 1.0
     actor = ActorWorker(role_spec(cfg, "actor"))
-    seconds = _timed(lambda: actor.update(batch), args.warmup, args.repeats)
+    timed = _timed(lambda: actor.update(batch), args.warmup, args.repeats)
     calls = _count_mode_calls(lambda: actor.update(batch))
-    return {"seconds": seconds, "intercepted_calls": calls}
+    return {**timed, "intercepted_calls": calls}
 
 
 def _count_mode_calls(fn) -> int:
@@ -112,22 +151,33 @@ def _mode_cost_per_call(n: int = 20000) -> float:
 
 
 def _transformers(args, batch) -> dict:
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM
 
     from megarl.distributed.cpu_shims import cuda_literal_suspended
+    from megarl.distributed.platform import platform
 
+    device = platform().device
+    # bf16: fp32 weights and optimizer under autocast, as Megatron's bf16 params + fp32 main params
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if args.dtype == "bf16"
+        else contextlib.nullcontext()
+    )
     with cuda_literal_suspended():  # plain torch eager: none of megarl's CPU shims
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        responses, adv = batch["responses"], batch["advantages"]
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        responses, adv = batch["responses"].to(device), batch["advantages"].to(device)
         start = ids.shape[1] - responses.shape[1]
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, start - 1 : -1].float()
+            with autocast:
+                logits = model(input_ids=ids, attention_mask=mask).logits[:, start - 1 : -1].float()
             lp = torch.log_softmax(logits, dim=-1).gather(-1, responses[..., None])[..., 0]
             ratio = torch.exp(lp - lp.detach())
             loss = -(torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)).mean()
@@ -135,7 +185,7 @@ def _transformers(args, batch) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
 
-        return {"seconds": _timed(step, args.warmup, args.repeats)}
+        return _timed(step, args.warmup, args.repeats)
 
 
 def bench_rank(spec: dict) -> dict:
@@ -145,19 +195,27 @@ def bench_rank(spec: dict) -> dict:
 
     args = argparse.Namespace(**spec)
     torch.set_num_threads(args.threads)
-    vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    batch = _batch(vocab, args.sequences, args.prompt_len, args.response_len)
+    hf_config = AutoConfig.from_pretrained(args.model)
+    batch = _batch(hf_config.vocab_size, args.sequences, args.prompt_len, args.response_len)
     megatron = _megatron(args, batch)
     hf = _transformers(args, batch)
     per_call = _mode_cost_per_call()
     tokens = args.sequences * (args.prompt_len + args.response_len)
     m, h = spread(megatron["seconds"]), spread(hf["seconds"])
     shim_seconds = megatron["intercepted_calls"] * per_call
+    flops = update_flops(hf_config, args.sequences, args.prompt_len + args.response_len)
+    peak = peak_flops(args.dtype)
     return {
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "tokens": tokens,
+        "model_flops": flops,
+        "mfu": None
+        if peak is None
+        else {"megatron": flops / m["median"] / peak, "transformers": flops / h["median"] / peak},
         "megatron": {**m, "tokens_per_s": tokens / m["median"], "raw": megatron["seconds"]},
         "transformers": {**h, "tokens_per_s": tokens / h["median"], "raw": hf["seconds"]},
+        "page_faults": {"megatron": megatron["page_faults"], "transformers": hf["page_faults"]},
         "ratio_tokens_per_s": h["median"] / m["median"],
         "shim": {
             "intercepted_calls": megatron["intercepted_calls"],
@@ -184,6 +242,7 @@ def run(args: argparse.Namespace) -> dict:
             "repeats": args.repeats,
             "threads": args.threads or os.cpu_count(),
             "micro_batch": args.micro_batch,
+            "dtype": args.dtype,
         }
         print(
             f"bench train {name}: {params / 1e6:.2f}M, {args.sequences}×({args.prompt_len}+{args.response_len})"
@@ -199,18 +258,24 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(result: dict) -> str:
     lines = [
-        "# megarl bench train — policy update (fwd+bwd+optimizer), fp32 CPU, one process, median (min–max)",
+        "# megarl bench train — policy update (fwd+bwd+optimizer), one process, median (min–max)",
         "",
-        "| size | tokens | threads | Megatron s | transformers s | Megatron tok/s | transformers tok/s "
-        "| Megatron/transformers | shim calls | shim s (share) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| size | device, dtype | tokens | threads | Megatron s | transformers s | Megatron tok/s | transformers tok/s "
+        "| Megatron/transformers | MFU Megatron / transformers | page faults per update Megatron / transformers "
+        "| shim calls | shim s (share) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in result["sizes"].items():
         m, h, s = r["megatron"], r["transformers"], r["shim"]
+        mfu = r.get("mfu")
+        mfu_text = "–" if mfu is None else f"{mfu['megatron']:.1%} / {mfu['transformers']:.1%}"
+        faults = r.get("page_faults")
+        faults_text = "–" if faults is None else f"{faults['megatron']:,} / {faults['transformers']:,}"
         lines.append(
-            f"| {name} ({r['params'] / 1e6:.2f}M) | {r['tokens']} | {r['threads']} "
+            f"| {name} ({r['params'] / 1e6:.2f}M) | {r.get('device', 'cpu')}, {r.get('dtype', 'fp32')} "
+            f"| {r['tokens']} | {r['threads']} "
             f"| {m['median']:.3f} ({m['min']:.3f}–{m['max']:.3f}) | {h['median']:.3f} ({h['min']:.3f}–{h['max']:.3f}) "
-            f"| {m['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | **{r['ratio_tokens_per_s']:.2f}×** "
+            f"| {m['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | **{r['ratio_tokens_per_s']:.2f}×** | {mfu_text} | {faults_text} "
             f"| {s['intercepted_calls']} | {s['seconds']:.3f} ({s['share_of_update']:.0%}) |"
         )
     return "\n".join(lines) + "\n"
@@ -225,6 +290,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="bf16: Megatron bf16 params, transformers autocast",
+    )
     parser.add_argument(
         "--micro-batch", type=int, default=None, help="Megatron's micro-batch (default: all sequences, as HF)"
     )

@@ -27,10 +27,12 @@ def collective_timeout() -> datetime.timedelta:
 
 
 def init_distributed(env: DistEnv | None = None) -> DistEnv:
-    """Initialise the default process group once (idempotent) and apply the CPU shims without CUDA."""
+    """Initialise the default process group once (idempotent); without CUDA apply the CPU shims and
+    keep freed host memory for reuse (`Platform.reuse_freed_host_memory`)."""
     env = env or detect_env()
     platform().bind(env.local_rank)
     apply_cpu_shims()
+    platform().reuse_freed_host_memory()
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))

@@ -98,6 +98,25 @@ class Platform:
         elif (libc := _libc()) is not None:
             libc.malloc_trim(0)
 
+    def reuse_freed_host_memory(self) -> bool:
+        """On CPU, have glibc keep freed tensor memory for the next allocation: tensors under 1 GiB come
+        from the heap (not a fresh mmap each) and freed memory stays mapped (`release_cached_memory`
+        still hands it back on demand). By default every tensor over glibc's mmap threshold (at most
+        32 MiB) is a fresh mapping that the kernel zero-fills page by page, and the activations of a
+        CPU update are: at 26M parameters × 64 sequences × 160 tokens, ~1.5 M page faults per update and
+        a quarter of its time (`megarl bench train`). Returns whether it applied (CPU with glibc)."""
+        if self.is_cuda or (libc := _libc()) is None:
+            return False
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's malloc.h
+        return all(
+            libc.mallopt(option, value) == 1
+            for option, value in (
+                (m_mmap_threshold, 1 << 30),
+                (m_trim_threshold, 1 << 34),
+                (m_top_pad, 256 << 20),
+            )
+        )
+
     # ---- kernels ---------------------------------------------------------------------------------
 
     @property

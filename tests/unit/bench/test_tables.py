@@ -80,3 +80,20 @@ def test_the_rollout_comparison_counts_tokens_over_the_slowest_replica_and_misma
     assert result["standalone_tokens_per_s"]["median"] == 6 / 1.5
     assert result["ratio"] == pytest.approx(0.75)
     assert (result["samples"], result["mismatched_samples"]) == (3, 1)
+
+
+def test_model_flops_count_every_linear_layer_six_times_per_token_plus_attention():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from megarl.bench.train import update_flops
+
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    sequences, seq_len = 3, 10
+    attention = 12 * 2 * 64 * seq_len  # layers × hidden × seq_len, per token
+    assert update_flops(config, sequences, seq_len) == sequences * seq_len * (6 * linear + attention)

@@ -85,3 +85,33 @@ def test_cpu_shims_are_not_applied_on_cuda(monkeypatch):
     applied = set(cpu_shims._applied)
     assert cpu_shims.apply_cpu_shims() == []
     assert cpu_shims._applied == applied
+
+
+_FAULTS_OF_REALLOCATIONS = """
+import resource, sys, torch
+from megarl.distributed.platform import Platform
+applied = Platform("cpu").reuse_freed_host_memory() if sys.argv[1] == "reuse" else False
+faults = []
+for _ in range(12):  # 64 MiB allocated, touched and freed, again and again
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(64 << 18).add_(1)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(applied, sum(faults[-4:]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "reuse"])
+def test_freed_host_memory_is_reused_without_page_faults_on_cpu(mode):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_OF_REALLOCATIONS, mode], capture_output=True, text=True
+    )
+    applied, faults = out.stdout.split()
+    pages = (64 << 20) // 4096
+    if mode == "reuse":  # glibc hands the freed memory out again (after a few rounds of memalign slack)
+        assert applied == "True" and int(faults) <= 1.5 * pages
+    else:  # every round maps a fresh 64 MiB, and the kernel zero-fills each page on first touch
+        assert int(faults) >= 3.5 * pages
+    assert CUDA.reuse_freed_host_memory() is False
