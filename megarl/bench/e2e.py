@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megarl.bench.measure import run_measured, spread, write_merged
+from megarl.bench.measure import run_measured, spread, spread_text, write_merged
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_grpo.yaml"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "trl_grpo.py"
@@ -257,10 +257,6 @@ def _write(root: Path, result: dict) -> None:
     write_merged(root / "e2e.json", "sizes", result, list(SIZES), table)
 
 
-def _cell(s: dict, fmt: str = "{:.2f}") -> str:
-    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
-
-
 def table(result: dict) -> str:
     lines = [
         f"# megarl bench e2e — GRPO step, {result['cores']} cores, median (min–max) of {result['steps']} steps "
@@ -283,7 +279,7 @@ def table(result: dict) -> str:
                 else ""
             )
             lines.append(
-                f"| {label} | {side} | {_cell(s['tokens_per_s'], '{:.0f}')} | {_cell(s['step_seconds'])} | "
+                f"| {label} | {side} | {spread_text(s['tokens_per_s'], '{:.0f}')} | {spread_text(s['step_seconds'])} | "
                 + " | ".join(f"{s[k]['median']:.2f}" for k in STAGES)
                 + f" | {s['peak_rss_mib']:.0f} | {ratio} |"
             )

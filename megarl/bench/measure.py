@@ -125,3 +125,8 @@ def write_merged(path: Path, key: str, result: dict, order: list[str], table) ->
 def spread(values: list[float]) -> dict[str, float]:
     """Median, min and max of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def spread_text(s: dict, fmt: str = "{:.2f}") -> str:
+    """A spread as a table cell: "median (min–max)"."""
+    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"

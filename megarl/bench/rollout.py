@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from megarl.bench.e2e import CONFIG, SIZES, megarl_overrides, prepare
-from megarl.bench.measure import spread, write_merged
+from megarl.bench.measure import spread, spread_text, write_merged
 
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "vllm_standalone.py"
 PROMPT_TOKENS = 24
@@ -197,7 +197,7 @@ def table(result: dict) -> str:
         lines.append(
             f"| {name} ({r['params'] / 1e6:.2f}M) | {r['replicas']} × {r['threads']} "
             f"| {r['prompts']} × {r['n']} × {r['max_tokens']} "
-            f"| {t['median']:.0f} ({t['min']:.0f}–{t['max']:.0f}) | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) "
+            f"| {spread_text(t, '{:.0f}')} | {spread_text(s, '{:.0f}')} "
             f"| **{r['ratio']:.2f}×** | {x['median']:.3f} | {same}/{r['samples']} |"
         )
     return "\n".join(lines) + "\n"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from megarl.bench.e2e import SIZES, prepare
-from megarl.bench.measure import spread
+from megarl.bench.measure import spread, spread_text
 
 
 def _batch(vocab: int, n: int, prompt: int, response: int, seed: int = 0):
@@ -274,7 +274,7 @@ def table(result: dict) -> str:
         lines.append(
             f"| {name} ({r['params'] / 1e6:.2f}M) | {r.get('device', 'cpu')}, {r.get('dtype', 'fp32')} "
             f"| {r['tokens']} | {r['threads']} "
-            f"| {m['median']:.3f} ({m['min']:.3f}–{m['max']:.3f}) | {h['median']:.3f} ({h['min']:.3f}–{h['max']:.3f}) "
+            f"| {spread_text(m, '{:.3f}')} | {spread_text(h, '{:.3f}')} "
             f"| {m['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | **{r['ratio_tokens_per_s']:.2f}×** | {mfu_text} | {faults_text} "
             f"| {s['intercepted_calls']} | {s['seconds']:.3f} ({s['share_of_update']:.0%}) |"
         )
