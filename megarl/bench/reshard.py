@@ -17,6 +17,8 @@ safetensors and start a fresh engine from them. Writes `<out>/reshard.json` and 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
 
@@ -33,6 +35,7 @@ RANK_SETTINGS = (
     "zero_only",
     "engine",
     "export_dir",
+    "memory_run",
 )
 
 
@@ -75,10 +78,11 @@ def bench_rank(spec: dict) -> dict:
     from megarl.config.roles import role_spec, rollout_spec
     from megarl.config.schema import MegarlConfig
     from megarl.distributed.generation_plan import GenerationPlan
-    from megarl.distributed.platform import platform
     from megarl.workers.reference import ReferenceWorker
 
     args = argparse.Namespace(**spec)
+    if args.memory_run:  # before anything is allocated: the heap holds nothing from the default mode
+        _exact_host_memory()
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = args.hf, args.dtype
     cfg.actor.parallel.tp, cfg.actor.parallel.pp = args.tp, args.pp
@@ -105,13 +109,9 @@ def bench_rank(spec: dict) -> dict:
         transition(worker, plan, path == "naive", args.bucket_mib[0] << 20, engine)
     timed = {}
     for path, mib in points:
-        runs = [transition(worker, plan, path == "naive", mib << 20, engine) for _ in range(args.repeats)]
+        repeats = 1 if args.memory_run else args.repeats
+        runs = [transition(worker, plan, path == "naive", mib << 20, engine) for _ in range(repeats)]
         timed[path, mib] = {**runs[-1], "seconds": statistics.median(r["seconds"] for r in runs)}
-    if not platform().is_cuda:  # memory last: exact host accounting slows every allocation
-        _exact_host_memory()
-        for path, mib in points:
-            peak = transition(worker, plan, path == "naive", mib << 20, engine)["peak_extra_bytes"]
-            timed[path, mib]["peak_extra_bytes"] = peak
     for path, mib in points:
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, timed[path, mib])
@@ -122,18 +122,19 @@ def bench_rank(spec: dict) -> dict:
             result[path] = everyone
     if engine is not None:
         engine.close()
-        result["fresh_engine"] = _fresh_engine(worker, cfg, plan, args.export_dir)
+        if not args.memory_run:
+            result["fresh_engine"] = _fresh_engine(worker, cfg, plan, args.export_dir)
     return result
 
 
 def _exact_host_memory() -> None:
     """From here on glibc serves every allocation over 128 KiB by its own mmap, unmapped when freed, so
-    the RSS follows the live tensors. Its default threshold grows as buffers are freed and then keeps
-    them in the heap, where RSS counts them long after: the peak would be the transition's total."""
-    import ctypes
+    the RSS follows the live tensors. Otherwise freed buffers stay in the heap (by glibc's growing
+    threshold), where RSS counts them long after: the peak would be the transition's total. It slows
+    every allocation, hence a run of its own, launched without `Platform.reuse_freed_host_memory`."""
+    from megarl.distributed.platform import set_malloc_options
 
-    m_mmap_threshold = -3  # glibc's malloc.h
-    ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 128 << 10)
+    set_malloc_options(mmap_threshold=128 << 10)
 
 
 def _fresh_engine(worker, cfg, plan, export_dir: str) -> list[dict]:
@@ -195,6 +196,21 @@ def summarize(result: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """`values` in os.environ (the launched ranks inherit them) for the duration."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def table(result: dict) -> str:
     """The markdown report: the slowest rank's numbers per bucket size, and the fresh-engine restart."""
     lines = [
@@ -245,15 +261,31 @@ def run(args: argparse.Namespace) -> dict:
     import tempfile
     from pathlib import Path
 
+    from megarl.distributed.platform import REUSE_FREED_HOST_MEMORY_ENV, platform
     from megarl.distributed.rank_program import launch_rank_program
 
-    with tempfile.TemporaryDirectory(prefix="megarl-reshard-export-") as export_dir:
-        spec = {name: getattr(args, name) for name in RANK_SETTINGS if name != "export_dir"}
-        spec["export_dir"] = f"{export_dir}/hf"
-        launch = launch_rank_program("megarl.bench.reshard:bench_rank", spec, nproc=args.nproc)
-    if not launch.results:
-        raise RuntimeError(f"reshard benchmark failed:\n{launch.failure_summary()}")
-    result = {"nproc": args.nproc, "tp": args.tp, "pp": args.pp, "gen_tp": args.gen_tp, **launch.results[0]}
+    def launch(memory_run: bool) -> dict:
+        env = {REUSE_FREED_HOST_MEMORY_ENV: "0"} if memory_run else {}
+        with tempfile.TemporaryDirectory(prefix="megarl-reshard-export-") as export_dir, _environ(env):
+            spec = {
+                name: getattr(args, name)
+                for name in RANK_SETTINGS
+                if name not in ("export_dir", "memory_run")
+            }
+            spec.update(export_dir=f"{export_dir}/hf", memory_run=memory_run)
+            ranks = launch_rank_program("megarl.bench.reshard:bench_rank", spec, nproc=args.nproc)
+        if not ranks.results:
+            raise RuntimeError(f"reshard benchmark failed:\n{ranks.failure_summary()}")
+        return ranks.results[0]
+
+    result = {"nproc": args.nproc, "tp": args.tp, "pp": args.pp, "gen_tp": args.gen_tp, **launch(False)}
+    if not platform().is_cuda:  # CPU: peak memory from a run of its own with exact host accounting
+        memory = launch(True)["bucket_sweep"]
+        for path, sweep in result["bucket_sweep"].items():
+            for point, measured in zip(sweep, memory[path]):
+                for rank, peak in zip(point["ranks"], measured["ranks"]):
+                    rank["peak_extra_bytes"] = peak["peak_extra_bytes"]
+            result[path] = sweep[0]["ranks"]  # the headline: the first bucket size
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reshard.json").write_text(json.dumps(result, indent=2))

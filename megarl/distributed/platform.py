@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -100,22 +101,16 @@ class Platform:
 
     def reuse_freed_host_memory(self) -> bool:
         """On CPU, have glibc keep freed tensor memory for the next allocation: tensors under 1 GiB come
-        from the heap (not a fresh mmap each) and freed memory stays mapped (`release_cached_memory`
-        still hands it back on demand). By default every tensor over glibc's mmap threshold (at most
-        32 MiB) is a fresh mapping that the kernel zero-fills page by page, and the activations of a
-        CPU update are: at 26M parameters × 64 sequences × 160 tokens, ~1.5 M page faults per update and
-        a quarter of its time (`megarl bench train`). Returns whether it applied (CPU with glibc)."""
-        if self.is_cuda or (libc := _libc()) is None:
+        from the heap (not a fresh mmap each); freed chunks inside the heap stay mapped, and at its top
+        up to 256 MiB (`release_cached_memory` still hands it all back on demand). By default every
+        tensor over glibc's mmap threshold (at most 32 MiB) is a fresh mapping that the kernel
+        zero-fills page by page, and the activations of a CPU update are: at 26M parameters × 64
+        sequences × 160 tokens, ~1.1 M page faults per update and a fifth of its time (`megarl bench
+        train`). Returns whether it applied (CPU with glibc); MEGARL_REUSE_FREED_HOST_MEMORY=0 turns it
+        off (RSS then follows the live tensors more closely)."""
+        if self.is_cuda or os.environ.get(REUSE_FREED_HOST_MEMORY_ENV) == "0":
             return False
-        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's malloc.h
-        return all(
-            libc.mallopt(option, value) == 1
-            for option, value in (
-                (m_mmap_threshold, 1 << 30),
-                (m_trim_threshold, 1 << 34),
-                (m_top_pad, 256 << 20),
-            )
-        )
+        return set_malloc_options(mmap_threshold=1 << 30, trim_threshold=0, top_pad=256 << 20)
 
     # ---- kernels ---------------------------------------------------------------------------------
 
@@ -139,6 +134,18 @@ def _transformer_engine_imports() -> bool:
     except (ImportError, RuntimeError, OSError):
         return False
     return True
+
+
+REUSE_FREED_HOST_MEMORY_ENV = "MEGARL_REUSE_FREED_HOST_MEMORY"
+_MALLOPT = {"trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3}  # glibc's malloc.h M_* numbers
+
+
+def set_malloc_options(**options: int) -> bool:
+    """glibc's `mallopt` for each of mmap_threshold / trim_threshold / top_pad (bytes, C ints: < 2**31);
+    False where there is no glibc or it refused one."""
+    if (libc := _libc()) is None:
+        return False
+    return all(libc.mallopt(_MALLOPT[name], value) == 1 for name, value in options.items())
 
 
 @functools.cache
