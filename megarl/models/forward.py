@@ -3,6 +3,12 @@
 One entry point for every layout (PP=1, PP>1, VPP): `run_microbatches`. Logits stay vocab-parallel
 (each TP rank holds a slice of the padded vocabulary); `vocab_parallel_log_probs` masks the padding
 columns so they never take probability mass.
+
+`run_microbatches(..., at="index")` hands the loss only the outputs at the positions it reads (the
+response tokens): the output head runs on those hidden states alone, so neither the LM head's matmuls
+nor the [tokens, vocab] logits and their gradient are spent on prompt positions. Without sequence or
+context parallelism the selection happens before the head; with them (each rank holds a slice of the
+sequence there) the head runs everywhere and the positions are picked from its output.
 """
 
 from __future__ import annotations
@@ -85,7 +91,48 @@ def select_positions(output: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return flat[index.reshape(-1)].reshape(*index.shape, *output.shape[2:])
 
 
-def _forward_step(loss_fn: LossFn, data_iterator, model):
+def _head_before_selection(model) -> torch.nn.Module | None:
+    """The output head of `model` (a last-stage chunk) where hidden states can be picked before it:
+    no sequence or context parallelism, which would leave each rank a slice of the sequence there."""
+    from megatron.core import parallel_state
+    from megatron.core.utils import unwrap_model
+
+    gpt = unwrap_model(model)
+    if gpt.config.sequence_parallel or parallel_state.get_context_parallel_world_size() > 1:
+        return None
+    return gpt.output_layer
+
+
+def _select_hidden(index: torch.Tensor, _head, args, kwargs):
+    """forward pre-hook of the output head: its hidden states [s, b, h] at flat positions `index` into
+    b·s, as [len(index), 1, h] (the head and GPTModel's [s, b] -> [b, s] transpose keep that order)."""
+    hidden = args[0]
+    s, b = hidden.shape[:2]
+    flat = index.reshape(-1)
+    picked = hidden.reshape(s * b, *hidden.shape[2:])[(flat % s) * b + flat // s].unsqueeze(1)
+    return (picked, *args[1:]), kwargs
+
+
+def _model_output(model, batch: dict, at: str | None, **inputs) -> torch.Tensor:
+    """model(**inputs); on the last pipeline stage with `at`, only the outputs at batch[at] (flat
+    positions into b·s) as [*batch[at].shape, ...]."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    if at is None or not get_attr_wrapped_model(model, "post_process"):
+        return model(**inputs)
+    index = batch[at]
+    head = _head_before_selection(model)
+    if head is None:
+        return select_positions(model(**inputs), index)
+    hook = head.register_forward_pre_hook(partial(_select_hidden, index), with_kwargs=True)
+    try:
+        output = model(**inputs)  # [1, len(index), ...]
+    finally:
+        hook.remove()
+    return output.reshape(*index.shape, *output.shape[2:])
+
+
+def _forward_step(loss_fn: LossFn, at: str | None, data_iterator, model):
     batch = next(data_iterator)
     tokens = batch["input_ids"]
     positions = batch.get("position_ids")
@@ -99,8 +146,14 @@ def _forward_step(loss_fn: LossFn, data_iterator, model):
         kwargs["packed_seq_params"] = PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
         )
-    output = model(
-        input_ids=tokens, position_ids=positions, attention_mask=batch.get("attention_mask"), **kwargs
+    output = _model_output(
+        model,
+        batch,
+        at,
+        input_ids=tokens,
+        position_ids=positions,
+        attention_mask=batch.get("attention_mask"),
+        **kwargs,
     )
     return output, partial(_loss, loss_fn, batch)
 
@@ -114,8 +167,11 @@ def run_microbatches(
     microbatches: list[dict[str, torch.Tensor]],
     loss_fn: LossFn,
     forward_only: bool,
+    at: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Forward (and backward unless forward_only) over `microbatches` of equal shape.
+    """Forward (and backward unless forward_only) over `microbatches` of equal shape. `loss_fn` gets
+    the model's output [b, s, ...], or with `at` (a micro-batch key of flat positions into b·s, any
+    shape) only the outputs there, [*mb[at].shape, ...], computed at those positions alone.
 
     Returns the dicts `loss_fn` produced, one per micro-batch, on the last pipeline stage (empty
     elsewhere). The schedule divides each backpropagated scalar by len(microbatches).
@@ -125,7 +181,7 @@ def run_microbatches(
     batch, seq = microbatches[0]["input_ids"].shape
     iterators = [iter(microbatches) for _ in chunks]
     return get_forward_backward_func()(
-        forward_step_func=partial(_forward_step, loss_fn),
+        forward_step_func=partial(_forward_step, loss_fn, at),
         data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=len(microbatches),

@@ -16,7 +16,6 @@ from megarl.algorithms.value_loss import clipped_value_loss
 from megarl.config.roles import RoleSpec
 from megarl.controller import faults
 from megarl.controller.dispatch import Dispatch, register
-from megarl.models.forward import select_positions
 from megarl.models.from_hf import ModelArchitecture
 from megarl.protocol import Batch
 from megarl.workers.megatron_worker import MegatronWorker
@@ -35,7 +34,7 @@ class CriticWorker(MegatronWorker):
 
     @staticmethod
     def _token_values(mb: dict, output: torch.Tensor) -> torch.Tensor:
-        return select_positions(output.squeeze(-1), mb["index"]).float() * mb["mask"]
+        return output.squeeze(-1).float() * mb["mask"]  # output: at the response positions, [k, R, 1]
 
     @register(Dispatch.DP_COMPUTE)
     def values(self, batch: Batch) -> Batch:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from megarl.models.forward import (
-    select_positions,
     vocab_parallel_entropy,
     vocab_parallel_log_probs,
     vocab_parallel_sum_pi_squared,
@@ -24,10 +23,9 @@ def token_log_probs(
     mb: dict, logits: torch.Tensor, vocab_size: int, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p of each response token under softmax(logits / temperature), those vocab-parallel scaled
-    logits) — [k, R], [k, R, V/tp]."""
-    selected = select_positions(logits, mb["index"])
-    if temperature != 1.0:
-        selected = selected / temperature
+    logits) — [k, R], [k, R, V/tp] — from the vocab-parallel logits at the response positions
+    (`mb["index"]`), [k, R, V/tp]."""
+    selected = logits / temperature if temperature != 1.0 else logits
     labels = mb["labels"].reshape(-1)[mb["index"].reshape(-1)].reshape(mb["index"].shape)
     return vocab_parallel_log_probs(selected, labels, vocab_size) * mb["mask"], selected
 

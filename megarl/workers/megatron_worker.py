@@ -261,9 +261,12 @@ class MegatronWorker(Worker):
         seqs: Sequences,
         compute: Callable[[dict, torch.Tensor], dict[str, torch.Tensor]],
         shapes: dict[str, tuple[int, ...]],
+        at: str = "index",
     ) -> dict[str, torch.Tensor]:
-        """Run every sequence forward; `compute(mb, output)` returns per-sequence results ([k, ...] per
-        name); returns {name: [n, *shape]} on every rank of the replica (broadcast over PP)."""
+        """Run every sequence forward; `compute(mb, output)`, with the model's output at the positions
+        mb[at] (the response tokens, or "last_index": each sequence's last token), returns per-sequence
+        results ([k, ...] per name); returns {name: [n, *shape]} on every rank of the replica
+        (broadcast over PP)."""
         from megatron.core import parallel_state as ps
 
         self.check_loaded()
@@ -278,7 +281,7 @@ class MegatronWorker(Worker):
             }
 
         with torch.no_grad():
-            outs = run_microbatches(self.chunks, mbs, loss_fn, forward_only=True)
+            outs = run_microbatches(self.chunks, mbs, loss_fn, forward_only=True, at=at)
         results = {}
         for name, shape in shapes.items():
             if ps.is_pipeline_last_stage():

@@ -13,7 +13,6 @@ from __future__ import annotations
 from megarl.config.roles import RoleSpec, role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.controller.dispatch import Dispatch, register
-from megarl.models.forward import select_positions
 from megarl.models.from_hf import ModelArchitecture
 from megarl.protocol import Batch
 from megarl.workers.megatron_worker import MegatronWorker
@@ -40,8 +39,9 @@ class RewardModelWorker(MegatronWorker):
         seqs = sequences_from_batch(batch)
         out = self.forward_rows(
             seqs,
-            lambda mb, output: {"rm_scores": select_positions(output.squeeze(-1), mb["last_index"]).float()},
+            lambda mb, output: {"rm_scores": output.squeeze(-1).float()},  # at each last token, [k, 1]
             {"rm_scores": ()},
+            at="last_index",
         )
         return Batch(tensors=out)
 

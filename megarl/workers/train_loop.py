@@ -33,8 +33,9 @@ class GlobalCounts:
         return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "horizon": self.horizon}
 
 
-# loss_fn(micro-batch, model output, counts) -> (this micro-batch's share of the mini-batch loss, metrics
-# already weighted so that summing them over micro-batches and DP ranks gives the mini-batch value)
+# loss_fn(micro-batch, model output at its response positions [k, R, ...], counts) -> (this micro-batch's
+# share of the mini-batch loss, metrics already weighted so that summing them over micro-batches and DP
+# ranks gives the mini-batch value)
 TrainLossFn = Callable[[dict, torch.Tensor, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -81,7 +82,7 @@ def train_minibatches(
                 }
 
             worker.optimizer.zero_grad()
-            outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False)
+            outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False, at="index")
             step = worker.optimizer.step()
             bad_updates += bool(step.pop("nonfinite"))
             metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)

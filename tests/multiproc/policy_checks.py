@@ -91,6 +91,7 @@ def config(policy: str, reward: str, tp: int, pp: int, **batching) -> MegarlConf
     cfg.reward.model_path = reward
     for role in (cfg.actor, cfg.critic, cfg.reward):
         role.parallel.tp, role.parallel.pp = tp, pp
+        role.parallel.sequence_parallel = batching.get("sequence_parallel", False)
         role.micro_batch_size = batching.get("micro_batch_size", 2)
         role.max_tokens_per_micro_batch = batching.get("max_tokens")
     cfg.ref.micro_batch_size = 1
@@ -177,13 +178,16 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
 
 def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -> dict:
     """tp2 (dp2) variants that must not change log-probs, loss or gradients: micro-batch size 1, packed
-    token-budget micro-batches, rows reordered for DP token balance, and activation recomputation."""
+    token-budget micro-batches, rows reordered for DP token balance, activation recomputation, and
+    sequence parallelism (where the LM head runs at every position and the response positions are
+    picked from its logits, rather than picked from the hidden states before it)."""
     advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask
     variants = {
         "mbs1": ({"micro_batch_size": 1}, False),
         "packed": ({"max_tokens": 40}, False),
         "balanced": ({}, True),
         "recompute": ({"recompute": True}, False),
+        "sequence_parallel": ({"sequence_parallel": True}, False),
     }
     out = {}
     for label, (batching, balance) in variants.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.bench.e2e import SIZES, STAGES, summarize_side, table
+from megarl.bench.e2e import SIZES, STAGES, launch_order, merge_rounds, summarize_side, table
 from megarl.bench.scaling import AXES, fit_exponent, points
 
 
@@ -13,31 +13,39 @@ def _side(seconds: list[float], tokens: int) -> dict:
         {"step_seconds": s, "completion_tokens": tokens, **{k: s / len(STAGES) for k in STAGES}}
         for s in seconds
     ]
-    return {"steps": steps, "peak_rss_bytes": 512 * 2**20}
+    return {"steps": steps, "peak_rss_bytes": 512 * 2**20, "wall_seconds": sum(seconds)}
 
 
 def test_the_e2e_table_gives_medians_spreads_and_the_ratio():
-    megarl, trl = summarize_side(_side([1.0, 2.0, 4.0], 1000)), summarize_side(_side([4.0, 5.0, 6.0], 1000))
-    assert megarl["tokens_per_s"] == {"median": 500.0, "min": 250.0, "max": 1000.0, "n": 3}
-    assert megarl["peak_rss_mib"] == 512
+    megarl = merge_rounds([_side([1.0, 2.0], 1000), {**_side([4.0], 1000), "peak_rss_bytes": 1024 * 2**20}])
+    trl = merge_rounds([_side([4.0, 5.0, 6.0], 1000)])
+    assert megarl["launches"] == 2 and megarl["wall_seconds"] == [3.0, 4.0]
+    m, t = summarize_side(megarl), summarize_side(trl)
+    assert m["tokens_per_s"] == {"median": 500.0, "min": 250.0, "max": 1000.0, "n": 3}
+    assert m["peak_rss_mib"] == 1024  # the largest of the launches
     result = {
         "cores": 2,
         "warmup": 1,
-        "steps": 3,
+        "rounds": 2,
         "sizes": {
             "tiny": {
                 "params": 850_000,
                 "size": SIZES["tiny"].__dict__,
-                "megarl": {"summary": megarl},
-                "trl": {"summary": trl},
+                "megarl": {"raw": megarl, "summary": m},
+                "trl": {"raw": trl, "summary": t},
                 "ratio_tokens_per_s": 500.0 / 200.0,
             }
         },
     }
     text = table(result)
     assert "| tiny (0.85M, 8×4×32) | megarl | 500 (250–1000) | 2.00 (1.00–4.00) |" in text
-    assert "**2.50×**" in text
+    assert "| 1024 | 3 (2) | **2.50×** |" in text
     assert "| tiny (0.85M, 8×4×32) | trl | 200 (167–250) | 5.00 (4.00–6.00) |" in text
+
+
+def test_the_sides_alternate_so_a_drift_weighs_on_both():
+    assert launch_order(["megarl", "trl"], 3) == ["megarl", "trl", "trl", "megarl", "megarl", "trl"]
+    assert launch_order(["megarl"], 2) == ["megarl", "megarl"]
 
 
 def test_the_fitted_exponent_of_a_power_law_is_its_power():
