@@ -269,7 +269,6 @@ def run(args: argparse.Namespace) -> dict:
         entry = {
             "params": params,
             "size": size.__dict__,
-            "steps": steps,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **sides,
         }

@@ -91,13 +91,11 @@ def select_positions(output: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return flat[index.reshape(-1)].reshape(*index.shape, *output.shape[2:])
 
 
-def _head_before_selection(model) -> torch.nn.Module | None:
-    """The output head of `model` (a last-stage chunk) where hidden states can be picked before it:
+def _head_before_selection(gpt) -> torch.nn.Module | None:
+    """The output head of a last-stage GPTModel chunk where hidden states can be picked before it:
     no sequence or context parallelism, which would leave each rank a slice of the sequence there."""
     from megatron.core import parallel_state
-    from megatron.core.utils import unwrap_model
 
-    gpt = unwrap_model(model)
     if gpt.config.sequence_parallel or parallel_state.get_context_parallel_world_size() > 1:
         return None
     return gpt.output_layer
@@ -116,12 +114,13 @@ def _select_hidden(index: torch.Tensor, _head, args, kwargs):
 def _model_output(model, batch: dict, at: str | None, **inputs) -> torch.Tensor:
     """model(**inputs); on the last pipeline stage with `at`, only the outputs at batch[at] (flat
     positions into b·s) as [*batch[at].shape, ...]."""
-    from megatron.core.utils import get_attr_wrapped_model
+    from megatron.core.utils import unwrap_model
 
-    if at is None or not get_attr_wrapped_model(model, "post_process"):
+    gpt = unwrap_model(model)
+    if at is None or not gpt.post_process:
         return model(**inputs)
     index = batch[at]
-    head = _head_before_selection(model)
+    head = _head_before_selection(gpt)
     if head is None:
         return select_positions(model(**inputs), index)
     hook = head.register_forward_pre_hook(partial(_select_hidden, index), with_kwargs=True)

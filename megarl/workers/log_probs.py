@@ -24,7 +24,7 @@ def token_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p of each response token under softmax(logits / temperature), those vocab-parallel scaled
     logits) — [k, R], [k, R, V/tp] — from the vocab-parallel logits at the response positions
-    (`mb["index"]`), [k, R, V/tp]."""
+    (`mb["index"]`)."""
     selected = logits / temperature if temperature != 1.0 else logits
     labels = mb["labels"].reshape(-1)[mb["index"].reshape(-1)].reshape(mb["index"].shape)
     return vocab_parallel_log_probs(selected, labels, vocab_size) * mb["mask"], selected
