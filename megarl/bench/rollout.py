@@ -65,6 +65,7 @@ def bench_rank(spec: dict) -> dict:
     replica = next(i for i, group in enumerate(plan.gen_tp_groups) if rank in group)
     share = _prompts(vocab, size.prompts).chunk(len(plan.gen_tp_groups))[replica]
     max_tokens = cfg.rollout.max_tokens or cfg.data.max_response_length
+    log_probs = bool(cfg.rollout.calculate_log_probs)  # what the trainer's generate asks the engine for
     calls = []
     for _ in range(spec["warmup"] + spec["repeats"]):
         out = actor.generate(share)
@@ -75,7 +76,7 @@ def bench_rank(spec: dict) -> dict:
         calls.append(
             {
                 "prompts": share["prompts"].tolist(),
-                "params": [sampling_params(cfg.rollout, max_tokens, s) for s in seeds],
+                "params": [sampling_params(cfg.rollout, max_tokens, s, log_probs) for s in seeds],
                 "seconds": seconds["generate"],
                 "transition_seconds": seconds["offload"] + seconds["sync"] + seconds["reload"],
                 "token_ids": [row[m].tolist() for row, m in zip(out["responses"], mask)],

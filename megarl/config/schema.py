@@ -258,7 +258,14 @@ class RolloutConfig(SamplingConfig):
     gpu_memory_utilization: float = 0.5  # fraction of device memory the engine may use, in (0, 1]
     # exact KV-cache size in bytes; overrides the fraction. Required on CPU (the fraction would be of RAM)
     kv_cache_memory_bytes: int | None = None
-    enforce_eager: bool = False  # disable CUDA graphs (slower, faster start-up, less memory)
+    # no CUDA graphs and no torch.compile of the engine's model (slower steps, faster start-up, less
+    # memory); on CPU it turns off the compile, which cuts vLLM's per-token Python overhead
+    enforce_eager: bool = False
+    # the engine's log-prob of each sampled token (the rollout_log_probs column; verl's
+    # rollout.calculate_log_probs). None = only when algorithm.rollout_correction reads them (verl's
+    # default: off); true also logs train_rollout_logprob_abs_diff(_max), the engine-vs-trainer mismatch.
+    # They cost the engine a log-softmax over the vocabulary per token and a bookkeeping object each.
+    calculate_log_probs: bool | None = None
     # weight sync (3D-HybridEngine): tensors are streamed into the engine in buckets of about this size
     reshard_bucket_mib: int = 256
     # weight sync by full all-gather of every tensor to every rank instead of the zero-redundancy plan

@@ -24,6 +24,7 @@ from megarl.config.validate_algorithm import (
     RL_ALGORITHMS,
     check_algorithm,
     fused_old_log_prob_blockers,
+    rollout_log_prob_readers,
 )
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
@@ -51,6 +52,8 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
         cfg.reward.enable = cfg.reward.model_path is not None
     if algo.old_log_prob is None:
         algo.old_log_prob = "recompute" if fused_old_log_prob_blockers(cfg) else "fused"
+    if cfg.rollout.calculate_log_probs is None:
+        cfg.rollout.calculate_log_probs = bool(rollout_log_prob_readers(cfg))
     return cfg
 
 

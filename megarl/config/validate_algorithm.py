@@ -41,8 +41,26 @@ def fused_old_log_prob_blockers(cfg: MegarlConfig) -> list[str]:
     return why
 
 
+def rollout_log_prob_readers(cfg: MegarlConfig) -> list[str]:
+    """What in `cfg` reads the engine's log-probs of its sampled tokens: [] when nothing does."""
+    rc = cfg.algorithm.rollout_correction
+    on = {
+        "bypass_mode": rc.bypass_mode,
+        "rollout_is": rc.rollout_is is not None,
+        "rollout_rs": rc.rollout_rs is not None,
+        "rollout_token_veto_threshold": rc.rollout_token_veto_threshold is not None,
+    }
+    return [f"algorithm.rollout_correction.{key}" for key, is_on in on.items() if is_on]
+
+
 def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
     a = cfg.algorithm
+    readers = rollout_log_prob_readers(cfg)
+    if a.name in RL_ALGORITHMS and cfg.rollout.calculate_log_probs is False and readers:
+        problems.append(
+            f"rollout.calculate_log_probs=false, but {', '.join(readers)} reads the engine's log-probs; "
+            "set rollout.calculate_log_probs=true (or leave it unset: auto)"
+        )
     if a.name in RL_ALGORITHMS and a.old_log_prob == "fused":
         blockers = fused_old_log_prob_blockers(cfg)
         if blockers:

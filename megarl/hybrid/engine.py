@@ -78,7 +78,9 @@ class HybridEngine:
         stats = self.sync_weights()
         timings["sync"] = time.perf_counter() - start
         start = time.perf_counter()
-        out = self.rollout.generate(prompts, self.sampling.val if validate else self.sampling)
+        # with the engine's log-probs unless rollout.calculate_log_probs=false (the generate stage's columns)
+        log_probs = self.rollout.has_log_probs
+        out = self.rollout.generate(prompts, self.sampling.val if validate else self.sampling, log_probs)
         timings["generate"] = time.perf_counter() - start
         start = time.perf_counter()
         self.rollout.sleep()

@@ -10,7 +10,8 @@ schema, one row per sample, the samples of a prompt adjacent (m = prompts × sam
 | `input_ids`         | [m, P+R]     | prompts ‖ responses                                                |
 | `attention_mask`    | [m, P+R] long| 1 on real prompt and response tokens                               |
 | `response_mask`     | [m, R] float | 1 on sampled tokens (the stop/EOS token included)                  |
-| `rollout_log_probs` | [m, R] fp32  | the engine's log-prob of each sampled token; 0 on padding          |
+| `rollout_log_probs` | [m, R] fp32  | the engine's log-prob of each sampled token; 0 on padding (only    |
+|                     |              | when asked for: `generate(..., log_probs=True)`)                   |
 | `uid`               | [m]          | the prompt's group id (the input's `uid` column, else its row)     |
 | `finish_reason`     | [m] str      | "stop" (EOS, stop token or stop string) or "length" (max_tokens)   |
 
@@ -36,10 +37,9 @@ ROLLOUT_COLUMNS = (
     Col.INPUT_IDS,
     Col.ATTENTION_MASK,
     Col.RESPONSE_MASK,
-    Col.ROLLOUT_LOG_PROBS,
     Col.UID,
     Col.FINISH_REASON,
-)
+)  # and Col.ROLLOUT_LOG_PROBS when asked for
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Sample:
     """One generated response: its tokens, the engine's log-prob of each, and why it ended."""
 
     token_ids: list[int]
-    log_probs: list[float]
+    log_probs: list[float] | None  # None when the engine was not asked for them
     finish_reason: str
 
 
@@ -55,8 +55,9 @@ class Rollout(ABC):
     """A generation engine seen from the trainer."""
 
     @abstractmethod
-    def generate(self, batch: Batch, sampling: SamplingConfig) -> Batch:
-        """Sample `sampling.n` responses per prompt of `batch`; returns the schema in this module's doc."""
+    def generate(self, batch: Batch, sampling: SamplingConfig, log_probs: bool = True) -> Batch:
+        """Sample `sampling.n` responses per prompt of `batch`; returns the schema in this module's doc,
+        without `rollout_log_probs` unless `log_probs`."""
 
 
 def prompt_token_ids(batch: Batch) -> list[list[int]]:
@@ -81,6 +82,10 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     if any(len(s) != n for s in samples):
         raise ValueError(f"every prompt needs the same number of samples, got {[len(s) for s in samples]}")
     flat = [s for per_prompt in samples for s in per_prompt]
+    with_log_probs = {s.log_probs is not None for s in flat}
+    if len(with_log_probs) > 1:
+        raise ValueError("either every sample has its log-probs or none has")
+    with_log_probs = with_log_probs == {True}
     too_long = [len(s.token_ids) for s in flat if len(s.token_ids) > max_tokens]
     if too_long:
         raise ValueError(f"responses of {too_long} tokens exceed max_tokens={max_tokens}")
@@ -92,7 +97,8 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     for row, s in enumerate(flat):
         length = len(s.token_ids)
         responses[row, :length] = torch.tensor(s.token_ids, dtype=torch.long)
-        log_probs[row, :length] = torch.tensor(s.log_probs, dtype=torch.float32)
+        if with_log_probs:
+            log_probs[row, :length] = torch.tensor(s.log_probs, dtype=torch.float32)
         response_mask[row, :length] = 1.0
 
     carried = batch.repeat(n)
@@ -104,10 +110,11 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
         Col.INPUT_IDS: torch.cat([prompts, responses], dim=1),
         Col.ATTENTION_MASK: torch.cat([carried[Col.ATTENTION_MASK].long(), response_mask.long()], dim=1),
         Col.RESPONSE_MASK: response_mask,
-        Col.ROLLOUT_LOG_PROBS: log_probs,
         Col.UID: uid,
         Col.FINISH_REASON: [s.finish_reason for s in flat],
     }
+    if with_log_probs:
+        own[Col.ROLLOUT_LOG_PROBS] = log_probs
     out = carried.select([k for k in carried.keys() if k not in own])
     for key, value in own.items():
         out[key] = value

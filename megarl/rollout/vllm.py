@@ -81,8 +81,9 @@ def request_seeds(seed: int, replica: int, step: int, n_prompts: int) -> list[in
     return [int(s) >> 1 for s in sequence.generate_state(n_prompts, dtype=np.uint32)]
 
 
-def sampling_params(sampling: SamplingConfig, max_tokens: int, seed: int) -> dict:
-    """`vllm.SamplingParams`' arguments (JSON values) for one prompt's request."""
+def sampling_params(sampling: SamplingConfig, max_tokens: int, seed: int, log_probs: bool = True) -> dict:
+    """`vllm.SamplingParams`' arguments (JSON values) for one prompt's request; `log_probs`: return
+    the sampled tokens' log-probs."""
     return dict(
         n=sampling.n,
         temperature=sampling.temperature,
@@ -92,7 +93,7 @@ def sampling_params(sampling: SamplingConfig, max_tokens: int, seed: int) -> dic
         stop_token_ids=list(sampling.stop_token_ids),
         stop=list(sampling.stop),
         detokenize=bool(sampling.stop),
-        logprobs=0,
+        logprobs=0 if log_probs else None,
         seed=seed,
     )
 
@@ -195,8 +196,15 @@ class VLLMRollout(Rollout):
             enforce_eager=r.enforce_eager,
             enable_prefix_caching=True,
             enable_sleep_mode=self.can_sleep,
-            logprobs_mode=_LOGPROBS_MODE,
+            # vLLM's CPU sampler computes a log-softmax for this mode every step, asked for or not
+            **({"logprobs_mode": _LOGPROBS_MODE} if self.has_log_probs else {}),
         )
+
+    @property
+    def has_log_probs(self) -> bool:
+        """Whether the engine can return its sampled tokens' log-probs (rollout.calculate_log_probs not
+        false): generate(..., log_probs=True) needs it."""
+        return self.cfg.rollout.calculate_log_probs is not False
 
     def _pad_token_id(self) -> int:
         tokenizer = self.llm.get_tokenizer()
@@ -218,14 +226,18 @@ class VLLMRollout(Rollout):
         self.sampling_step += 1
         return seeds
 
-    def generate(self, batch: Batch, sampling: SamplingConfig) -> Batch:
+    def generate(self, batch: Batch, sampling: SamplingConfig, log_probs: bool = True) -> Batch:
         """Sample `sampling.n` responses per prompt; see `megarl.rollout.base` for the returned columns."""
         from vllm import SamplingParams
 
+        if log_probs and not self.has_log_probs:
+            raise ValueError(
+                "this engine was built with rollout.calculate_log_probs=false, so it cannot return log-probs"
+            )
         max_tokens = sampling.max_tokens or self.cfg.max_response_length
         prompts = prompt_token_ids(batch)
         params = [
-            SamplingParams(**sampling_params(sampling, max_tokens, seed))
+            SamplingParams(**sampling_params(sampling, max_tokens, seed, log_probs))
             for seed in self._request_seeds(len(prompts))
         ]
         with engine_call():
@@ -234,7 +246,9 @@ class VLLMRollout(Rollout):
             [
                 Sample(
                     token_ids=list(c.token_ids),
-                    log_probs=[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
+                    log_probs=[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]
+                    if log_probs
+                    else None,
                     finish_reason=c.finish_reason,
                 )
                 for c in sorted(out.outputs, key=lambda c: c.index)

@@ -58,7 +58,9 @@ def role_metrics(role: str, metrics: dict[str, float] | list[dict[str, float]]) 
     return out
 
 
-def generate_stage(actor: Any) -> Stage:
+def generate_stage(actor: Any, log_probs: bool = False) -> Stage:
+    """The rollouts, with the engine's log-probs when `log_probs` (rollout.calculate_log_probs)."""
+
     def generate(ctx: StepContext, prompts: Batch) -> Batch:
         out = actor.generate(prompts, validate=ctx.validate)
         report = out.meta.pop("hybrid_engine", None)  # the first replica's sync report; too big to carry
@@ -70,7 +72,8 @@ def generate_stage(actor: Any) -> Stage:
             ctx.metrics["generate/engine_seconds"] = seconds["generate"]
         return out
 
-    return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=ROLLOUT_COLUMNS, new_rows=True)
+    writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())
+    return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True)
 
 
 def remax_baseline_stage(actor: Any, scoring: Callable[[], list[Stage]]) -> Stage:
@@ -150,23 +153,24 @@ def filter_groups_stage(
     return Stage("filter_groups", keep_varied, reads=(Col.SCORES, Col.UID), new_rows=True)
 
 
-def old_log_prob_stage(actor: Any, with_sum_pi_squared: bool = False) -> Stage:
-    """The policy's own log-probs before the update, and how far the engine's are from them (plus Σπ²
-    per token for the optimal token baseline)."""
+def old_log_prob_stage(actor: Any, with_sum_pi_squared: bool = False, with_rollout: bool = False) -> Stage:
+    """The policy's own log-probs before the update (plus Σπ² per token for the optimal token baseline)
+    and, `with_rollout` (the batch has the engine's log-probs), how far the engine's are from them."""
 
     def log_prob(ctx: StepContext, batch: Batch) -> Batch:
         out = actor.log_prob(batch.select(SEQUENCE_COLUMNS))
-        mask = batch[Col.RESPONSE_MASK] > 0
-        diff = (out[Col.OLD_LOG_PROBS] - batch[Col.ROLLOUT_LOG_PROBS]).abs()[mask]
-        ctx.metrics["train_rollout_logprob_abs_diff"] = diff.mean().item() if diff.numel() else 0.0
-        ctx.metrics["train_rollout_logprob_abs_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        if with_rollout:
+            mask = batch[Col.RESPONSE_MASK] > 0
+            diff = (out[Col.OLD_LOG_PROBS] - batch[Col.ROLLOUT_LOG_PROBS]).abs()[mask]
+            ctx.metrics["train_rollout_logprob_abs_diff"] = diff.mean().item() if diff.numel() else 0.0
+            ctx.metrics["train_rollout_logprob_abs_diff_max"] = diff.max().item() if diff.numel() else 0.0
         ctx.metrics["actor/entropy"] = masked_mean(out[Col.ENTROPY], batch[Col.RESPONSE_MASK]).item()
         return out
 
     return Stage(
         "old_log_prob",
         log_prob,
-        reads=SEQUENCE_COLUMNS + (Col.ROLLOUT_LOG_PROBS,),
+        reads=SEQUENCE_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if with_rollout else ()),
         writes=(Col.OLD_LOG_PROBS, Col.ENTROPY) + ((Col.SUM_PI_SQUARED,) if with_sum_pi_squared else ()),
     )
 
@@ -303,13 +307,18 @@ def update_critic_stage(critic: Any) -> Stage:
 
 
 def update_actor_stage(
-    actor: Any, use_kl_loss: bool, with_is_weights: bool = False, fused_old_log_prob: bool = False
+    actor: Any,
+    use_kl_loss: bool,
+    with_is_weights: bool = False,
+    fused_old_log_prob: bool = False,
+    with_rollout: bool = False,
 ) -> Stage:
-    """The policy update. With `fused_old_log_prob` (algorithm.old_log_prob=fused) it reads the engine's
-    log-probs instead of old ones: the update's forward gives the old log-probs and the train/rollout
-    mismatch metrics the old_log_prob stage would have logged."""
-    old = Col.ROLLOUT_LOG_PROBS if fused_old_log_prob else Col.OLD_LOG_PROBS
-    columns = (old, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
+    """The policy update. With `fused_old_log_prob` (algorithm.old_log_prob=fused) the update's forward
+    gives the old log-probs and the metrics the old_log_prob stage would have logged: it reads the
+    engine's log-probs (when the batch has them, `with_rollout`) instead of old ones."""
+    old = (Col.ROLLOUT_LOG_PROBS,) if with_rollout else ()
+    old = old if fused_old_log_prob else (Col.OLD_LOG_PROBS,)
+    columns = (*old, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
     columns += (Col.ROLLOUT_IS_WEIGHTS,) if with_is_weights else ()
 
     def update(ctx: StepContext, batch: Batch) -> None:
@@ -337,7 +346,8 @@ def build_rl_dataflow(
     stages = []
     if algo.adv_estimator == "remax":
         stages.append(remax_baseline_stage(roles.actor, scoring))
-    stages.append(generate_stage(roles.actor))
+    with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
+    stages.append(generate_stage(roles.actor, with_rollout))
     if roles.reward_model is not None:
         stages.append(reward_model_stage(roles.reward_model))
     stages.append(reward_stage(reward, roles.reward_model is not None))
@@ -351,7 +361,7 @@ def build_rl_dataflow(
         stages.append(bypass_old_log_prob_stage())
     elif not fused:
         needs_pi2 = ESTIMATOR_TRAITS[algo.adv_estimator].needs_sum_pi_squared
-        stages.append(old_log_prob_stage(roles.actor, needs_pi2))
+        stages.append(old_log_prob_stage(roles.actor, needs_pi2, with_rollout))
     if rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold is not None:
         stages.append(rollout_correction_stage(cfg))
     if roles.ref is not None:
@@ -364,7 +374,9 @@ def build_rl_dataflow(
         stages.append(pf_ppo_stage(cfg))
     if roles.critic is not None:
         stages.append(update_critic_stage(roles.critic))
-    stages.append(update_actor_stage(roles.actor, algo.use_kl_loss, rc.rollout_is is not None, fused))
+    stages.append(
+        update_actor_stage(roles.actor, algo.use_kl_loss, rc.rollout_is is not None, fused, with_rollout)
+    )
     for stage in stages:
         flow.add_stage(stage)
     flow.check()

@@ -83,13 +83,14 @@ class ActorWorker(MegatronWorker):
         """PPO-style policy update on a batch with old_log_probs and advantages (and ref_log_probs when
         algorithm.use_kl_loss). Returns metrics averaged over the optimizer steps."""
         fused = self.spec.algorithm.old_log_prob == "fused"  # the old log-probs are this forward's
-        needed = [Col.ROLLOUT_LOG_PROBS if fused else Col.OLD_LOG_PROBS, Col.ADVANTAGES] + (
-            [Col.REF_LOG_PROBS] if self.spec.algorithm.use_kl_loss else []
-        )
+        needed = ([] if fused else [Col.OLD_LOG_PROBS]) + [Col.ADVANTAGES]
+        needed += [Col.REF_LOG_PROBS] if self.spec.algorithm.use_kl_loss else []
         missing = [k for k in needed if k not in batch.tensors.keys()]
         if missing:
             raise KeyError(f"policy update needs columns {missing} in the batch")
-        optional = [k for k in (Col.ROLLOUT_IS_WEIGHTS,) if k in batch.tensors.keys()]
+        # fused: the engine's log-probs, when the batch has them, give the train/rollout mismatch metrics
+        optional = [k for k in (Col.ROLLOUT_IS_WEIGHTS, Col.ROLLOUT_LOG_PROBS) if k in batch.tensors.keys()]
+        optional = [k for k in optional if fused or k != Col.ROLLOUT_LOG_PROBS]
         seqs = sequences_from_batch(batch)
         fields = {k: batch[k].float() for k in needed + optional}
         mini = self.spec.mini_batch_size // self.layout.dp
@@ -143,23 +144,23 @@ class ActorWorker(MegatronWorker):
         return loss * float("nan") if faults.poisoned(self.role, "update", self.env.rank) else loss, out
 
     def _old_log_prob_metrics(self, mb, old, selected, mask, counts: GlobalCounts) -> dict[str, torch.Tensor]:
-        """What the old_log_prob stage logs, from the update's forward: the mean entropy and the mean and
-        max |train − rollout| log-prob over the mini-batch's tokens (means weighted to sum over
-        micro-batches; `_max` keys are max-reduced)."""
+        """What the old_log_prob stage logs, from the update's forward: the mean entropy and, when the batch
+        has the engine's log-probs, the mean and max |train − rollout| log-prob over the mini-batch's
+        tokens (means weighted to sum over micro-batches; `_max` keys are max-reduced)."""
         with torch.no_grad():
-            diff = (old - mb[Col.ROLLOUT_LOG_PROBS]).abs()
             real = mask > 0
             # over the real tokens only: [T, V/tp] rather than the padded [k, R, V/tp], beside the graph
             entropy = vocab_parallel_entropy(selected.detach()[real], self.arch.vocab_size)
-            return {
-                "actor/entropy": entropy.sum() / counts.num_tokens,
-                "actor/train_rollout_logprob_abs_diff": aggregate(
+            out = {"actor/entropy": entropy.sum() / counts.num_tokens}
+            if Col.ROLLOUT_LOG_PROBS in mb:
+                diff = (old - mb[Col.ROLLOUT_LOG_PROBS]).abs()
+                out["actor/train_rollout_logprob_abs_diff"] = aggregate(
                     diff, mask, "token-mean", num_tokens=counts.num_tokens
-                ),
-                "actor/train_rollout_logprob_abs_diff_max": diff[real].max()
-                if real.any()
-                else diff.new_zeros(()),
-            }
+                )
+                out["actor/train_rollout_logprob_abs_diff_max"] = (
+                    diff[real].max() if real.any() else diff.new_zeros(())
+                )
+            return out
 
     def _loss_generator(self) -> torch.Generator:
         if self._generator is None:

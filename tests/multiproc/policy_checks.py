@@ -216,10 +216,12 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
 
 def check_fused_old_log_prob(policy: str, reward: str, batch: Batch, advantages: torch.Tensor) -> dict:
     """algorithm.old_log_prob=fused at tp2 (dp2): an update fed the engine's log-probs instead of old
-    ones takes the old log-probs from its own forward, and logs the train/rollout mismatch."""
+    ones takes the old log-probs from its own forward, and logs the train/rollout mismatch; one fed no
+    engine log-probs (rollout.calculate_log_probs=false) gives the same update without that metric."""
     cfg = config(policy, reward, 2, 1)
     cfg.algorithm.old_log_prob = "fused"
     actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
+    without = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
     mask = batch["response_mask"]
     lp = actor.log_prob(batch)["old_log_probs"]  # what the update's forward will compute
     noise = torch.rand(N, RESPONSE, generator=torch.Generator().manual_seed(4)) * 0.01
@@ -227,10 +229,16 @@ def check_fused_old_log_prob(policy: str, reward: str, batch: Batch, advantages:
     metrics = actor.update(
         batch.union(Batch(tensors={"rollout_log_probs": rollout, "advantages": advantages}))
     )[0]
+    plain = without.update(batch.union(Batch(tensors={"advantages": advantages})))[0]
     diff = (lp - rollout).abs()[mask > 0]
     return {
         "pg_loss": metrics["actor/pg_loss"],
         "grad_norm": metrics["grad_norm"],
+        "without_rollout": {
+            "pg_loss": plain["actor/pg_loss"],
+            "grad_norm": plain["grad_norm"],
+            "metrics": sorted(k for k in plain if "rollout" in k),
+        },
         "diff_mean": metrics["actor/train_rollout_logprob_abs_diff"],
         "diff_max": metrics["actor/train_rollout_logprob_abs_diff_max"],
         "expected_diff_mean": diff.mean().item(),

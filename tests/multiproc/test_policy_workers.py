@@ -103,6 +103,9 @@ def test_fused_old_log_probs_give_the_recomputed_update_and_log_the_rollout_mism
     assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
     assert got["diff_mean"] == pytest.approx(got["expected_diff_mean"], rel=1e-4)
     assert got["diff_max"] == pytest.approx(got["expected_diff_max"], rel=1e-4)
+    without = got["without_rollout"]  # rollout.calculate_log_probs=false: same update, no mismatch metric
+    assert without["pg_loss"] == got["pg_loss"] and without["grad_norm"] == got["grad_norm"]
+    assert without["metrics"] == []
 
 
 def test_actor_reports_sum_pi_squared_and_trains_with_the_configured_loss_and_is_weights(batching):

@@ -93,6 +93,10 @@ def test_rollout_log_probs_match_transformers_fp32(single, case):
     assert single[f"{case}_log_prob_diff"] <= LOG_PROB_TOL
 
 
+def test_generate_without_log_probs_drops_only_that_column(single):
+    assert single["without_log_probs"] == {"same_tokens": True, "columns": ["rollout_log_probs"]}
+
+
 def test_greedy_is_deterministic(single):
     assert single["greedy_repeatable"]
 

@@ -1,7 +1,9 @@
 """Rank code for test_vllm_rollout: VLLMRollout on a tiny Qwen2 against transformers fp32.
 
 argv: MODEL PERTURBED single|tp. `single` (1 rank, tp_g=1): sampling parameters, the returned schema,
-log-probs, the colocation guards, a weight push and a second engine built from the pushed checkpoint.
+log-probs, the colocation guards, a weight push and a second engine built from the pushed checkpoint —
+with the engine's model under torch.compile (rollout.enforce_eager=false, the default), whose graphs
+must see the pushed weights.
 `tp` (4 ranks, Megatron TP=2 first): generation TP groups [0, 2] and [1, 3], greedy tokens and
 log-probs, a weight push under TP, and Megatron's groups after the engine is closed. Rank 0 reports.
 """
@@ -35,13 +37,13 @@ def prompt_batch(seed: int = 0) -> Batch:
     return Batch({"prompts": prompts, "attention_mask": mask, "row": torch.arange(N_PROMPTS)}, {"tag": tags})
 
 
-def config(model: str, tp: int) -> RolloutSpec:
+def config(model: str, tp: int, eager: bool = True) -> RolloutSpec:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = model, "fp32"
     cfg.data.max_prompt_length, cfg.data.max_response_length = PROMPT, RESPONSE
     r = cfg.rollout
     r.tp, r.n, r.temperature, r.seed = tp, 3, 1.0, 7
-    r.kv_cache_memory_bytes, r.max_num_seqs, r.enforce_eager = 16 << 20, 16, True
+    r.kv_cache_memory_bytes, r.max_num_seqs, r.enforce_eager = 16 << 20, 16, eager
     return rollout_spec(cfg)
 
 
@@ -100,7 +102,7 @@ def check_single(model: str, perturbed: str) -> dict:
     from megarl.rollout.vllm import VLLMRollout
 
     res: dict = {}
-    cfg, batch, hf = config(model, tp=1), prompt_batch(), hf_model(model)
+    cfg, batch, hf = config(model, tp=1, eager=False), prompt_batch(), hf_model(model)
     torch.manual_seed(123)
     rng_before = torch.get_rng_state()
     t0 = time.time()
@@ -131,6 +133,11 @@ def check_single(model: str, perturbed: str) -> dict:
     greedy = rollout.generate(batch, greedy_cfg)
     again = rollout.generate(batch, greedy_cfg)
     res["greedy_repeatable"] = bool(torch.equal(greedy["responses"], again["responses"]))
+    bare = rollout.generate(batch, greedy_cfg, log_probs=False)
+    res["without_log_probs"] = {
+        "same_tokens": bool(torch.equal(greedy["responses"], bare["responses"])),
+        "columns": sorted(set(greedy.keys()) - set(bare.keys())),
+    }
     res["greedy_log_prob_diff"] = max_diff(greedy["rollout_log_probs"], hf_log_probs(hf, greedy))
     res["greedy_tokens"] = greedy["responses"].tolist()
 
@@ -207,7 +214,7 @@ def check_single(model: str, perturbed: str) -> dict:
     dist.all_reduce(x)
     res["default_group_after_close"] = x.item()
 
-    fresh_cfg = config(perturbed, tp=1)
+    fresh_cfg = config(perturbed, tp=1, eager=False)
     t0 = time.time()
     fresh = VLLMRollout(fresh_cfg)
     res["second_engine_start_s"] = time.time() - t0

@@ -274,6 +274,13 @@ INVALID = [
             "set algorithm.old_log_prob=recompute",
         ],
     ),
+    (
+        ["rollout.calculate_log_probs=false", "algorithm.rollout_correction.rollout_is=token"],
+        [
+            "rollout.calculate_log_probs=false, but algorithm.rollout_correction.rollout_is reads",
+            "set rollout.calculate_log_probs=true",
+        ],
+    ),
     (["actor.parallel.tp"], ["override 'actor.parallel.tp' is not key=value"]),
     (["actor=3"], ["actor is a section, not a value"]),
 ]
@@ -416,6 +423,27 @@ def test_validate_checks_configs_built_in_python():
 def test_loss_agg_mode_auto_follows_the_loss(overrides, mode):
     cfg = load_config(None, overrides, check_paths=False)
     assert cfg.algorithm.loss_agg_mode == mode
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], False),  # verl's default: nothing reads them
+        (["rollout.calculate_log_probs=true"], True),
+        (
+            [
+                "algorithm.rollout_correction.rollout_rs=token",
+                "algorithm.rollout_correction.rollout_rs_threshold=2",
+            ],
+            True,
+        ),
+        (["algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"], True),
+        (["algorithm.rollout_correction.rollout_token_veto_threshold=1e-4"], True),
+    ],
+)
+def test_engine_log_probs_auto_follow_their_readers(overrides, expected):
+    cfg = load_config(None, overrides, check_paths=False)
+    assert cfg.rollout.calculate_log_probs is expected
 
 
 def test_auto_roles_follow_the_algorithm():

@@ -56,6 +56,16 @@ def test_rollout_batch_builds_verl_schema():
     assert list(out["finish_reason"]) == ["length", "stop", "stop", "length"]
 
 
+def test_rollout_batch_without_log_probs_has_no_log_prob_column():
+    bare = [[Sample(s.token_ids, None, s.finish_reason) for s in row] for row in samples()]
+    out = rollout_batch(prompts(), bare, max_tokens=3, pad_token_id=PAD)
+    assert set(out.keys()) >= set(ROLLOUT_COLUMNS) and "rollout_log_probs" not in out.keys()
+    assert out["responses"].tolist() == [[11, 12, 13], [14, 0, 0], [15, 2, 0], [16, 17, 18]]
+    bare[1][0] = samples()[1][0]
+    with pytest.raises(ValueError, match="every sample has its log-probs or none"):
+        rollout_batch(prompts(), bare, max_tokens=3, pad_token_id=PAD)
+
+
 def test_rollout_batch_carries_other_columns_and_meta_per_sample():
     out = rollout_batch(prompts({"index": torch.tensor([40, 41])}), samples(), 3, PAD)
     assert out["index"].tolist() == [40, 40, 41, 41]
