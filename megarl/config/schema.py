@@ -258,13 +258,9 @@ class RolloutConfig(SamplingConfig):
     gpu_memory_utilization: float = 0.5  # fraction of device memory the engine may use, in (0, 1]
     # exact KV-cache size in bytes; overrides the fraction. Required on CPU (the fraction would be of RAM)
     kv_cache_memory_bytes: int | None = None
-    # no CUDA graphs and no torch.compile of the engine's model (slower steps, faster start-up, less
-    # memory); on CPU it turns off the compile, which cuts vLLM's per-token Python overhead
-    enforce_eager: bool = False
-    # the engine's log-prob of each sampled token (the rollout_log_probs column; verl's
-    # rollout.calculate_log_probs). None = only when algorithm.rollout_correction reads them (verl's
-    # default: off); true also logs train_rollout_logprob_abs_diff(_max), the engine-vs-trainer mismatch.
-    # They cost the engine a log-softmax over the vocabulary per token and a bookkeeping object each.
+    enforce_eager: bool = False  # no CUDA graphs, no torch.compile of the engine's model (also on CPU)
+    # the engine's log-probs (rollout_log_probs; verl's key): None = only when algorithm.rollout_correction
+    # reads them (verl: off); true also logs train_rollout_logprob_abs_diff. Cost: a log-softmax per token
     calculate_log_probs: bool | None = None
     # weight sync (3D-HybridEngine): tensors are streamed into the engine in buckets of about this size
     reshard_bucket_mib: int = 256

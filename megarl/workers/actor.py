@@ -89,8 +89,8 @@ class ActorWorker(MegatronWorker):
         if missing:
             raise KeyError(f"policy update needs columns {missing} in the batch")
         # fused: the engine's log-probs, when the batch has them, give the train/rollout mismatch metrics
-        optional = [k for k in (Col.ROLLOUT_IS_WEIGHTS, Col.ROLLOUT_LOG_PROBS) if k in batch.tensors.keys()]
-        optional = [k for k in optional if fused or k != Col.ROLLOUT_LOG_PROBS]
+        optional = [Col.ROLLOUT_IS_WEIGHTS] + ([Col.ROLLOUT_LOG_PROBS] if fused else [])
+        optional = [k for k in optional if k in batch.tensors.keys()]
         seqs = sequences_from_batch(batch)
         fields = {k: batch[k].float() for k in needed + optional}
         mini = self.spec.mini_batch_size // self.layout.dp
