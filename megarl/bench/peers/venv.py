@@ -19,6 +19,9 @@ PEERS: dict[str, list[str]] = {
 }
 
 
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
 def _pins(peer: str) -> list[str]:
     import torch
     import transformers
@@ -38,10 +41,12 @@ def peer_python(peer: str, root: Path, log=print) -> Path:
     start = time.perf_counter()
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    if any("+cpu" in p for p in pins):  # PyPI has no +cpu builds: PyTorch's own index does
-        pip += ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
-    done = subprocess.run([*pip, *pins], capture_output=True, text=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pins]
+    # pip's own configuration first (a local wheel directory may hold the +cpu torch); PyPI has no +cpu
+    # builds, so PyTorch's index only when that fails: where it is unreachable, pip would wait on it
+    done = subprocess.run(pip, capture_output=True, text=True)
+    if done.returncode != 0 and any("+cpu" in p for p in pins):
+        done = subprocess.run([*pip, "--extra-index-url", PYTORCH_CPU_INDEX], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(
             f"bench: installing the {peer} peer into {venv} failed (pip exit {done.returncode}):\n"
