@@ -106,16 +106,35 @@ def greedy_answers(preference_runs, rl_setup) -> dict[str, dict[str, float]]:
         prompts.append(tokenizer(text, add_special_tokens=special)["input_ids"])
     dirs = {"sft": rl_setup.sft_model, **{name: runs[name].out / "hf" for name in ALGORITHMS}}
     answers = greedy_vllm_models(list(dirs.values()), prompts, max_tokens=8)
+    copied = [prompt.split()[-1] for prompt, _ in problems]  # the rejected answer of each problem
     scores = {}
     for name, path in dirs.items():
         decoded = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in answers[str(path)]]
-        copied = [prompt.split()[-1] for prompt, _ in problems]
         scores[name] = {
             "accuracy": sum(d == a for d, (_, a) in zip(decoded, problems)) / len(problems),
             "copies": sum(d == c != a for d, c, (_, a) in zip(decoded, copied, problems)) / len(problems),
         }
     print("greedy answers:", json.dumps(scores))
     return scores
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_preference_accuracy_and_margin_rise(preference_runs, name):
+    history = preference_runs[0][name].history
+    before, after = history[0], history[STEPS]
+    print(name, {k: (round(before[k], 3), round(after[k], 3)) for k in after if k.startswith("val/")})
+    assert after["val/rewards/accuracy"] >= max(0.8, before["val/rewards/accuracy"] + 0.2)
+    assert after["val/rewards/margin"] > before["val/rewards/margin"] + 0.1 * abs(
+        before["val/rewards/margin"]
+    )
+    assert after["val/rewards/margin"] > 0
+    if name != "kto":  # KTO's training loss is over unpaired examples; val/pref/loss is on pairs
+        assert after["val/pref/loss"] < before["val/pref/loss"]
+    train = [history[s] for s in range(1, STEPS + 1)]
+    for key in ("pref/loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "logps/chosen"):
+        assert all(key in h for h in train), key
+    if name == "kto":
+        assert all(h["kto/kl"] >= 0 for h in train)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import ConfigError, MegarlConfig, config_to_yaml, load_config, padded_vocab_size, validate
+from megarl.config import ConfigError, MegarlConfig, config_to_yaml, load_config, validate
 
 pytestmark = pytest.mark.unit
 
@@ -412,60 +412,6 @@ def test_validate_checks_configs_built_in_python():
 
 
 @pytest.mark.parametrize(
-    ("overrides", "mode"),
-    [
-        ([], "token-mean"),
-        (["algorithm.policy_loss=gspo"], "seq-mean-token-mean"),
-        (["algorithm.policy_loss=sapo"], "seq-mean-token-mean"),
-        (["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=token-mean"], "token-mean"),
-    ],
-)
-def test_loss_agg_mode_auto_follows_the_loss(overrides, mode):
-    cfg = load_config(None, overrides, check_paths=False)
-    assert cfg.algorithm.loss_agg_mode == mode
-
-
-@pytest.mark.parametrize(
-    ("overrides", "expected"),
-    [
-        ([], False),  # verl's default: nothing reads them
-        (["rollout.calculate_log_probs=true"], True),
-        (
-            [
-                "algorithm.rollout_correction.rollout_rs=token",
-                "algorithm.rollout_correction.rollout_rs_threshold=2",
-            ],
-            True,
-        ),
-        (["algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"], True),
-        (["algorithm.rollout_correction.rollout_token_veto_threshold=1e-4"], True),
-    ],
-)
-def test_engine_log_probs_auto_follow_their_readers(overrides, expected):
-    cfg = load_config(None, overrides, check_paths=False)
-    assert cfg.rollout.calculate_log_probs is expected
-
-
-def test_auto_roles_follow_the_algorithm():
-    cfg = load_config(None, ["algorithm.name=ppo", "reward.model_path=/rm"], check_paths=False)
-    assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable and cfg.reward.enable
-    assert not cfg.ref.enable
-
-
-@pytest.mark.parametrize(
-    ("name", "ref", "beta"),
-    [("dpo", True, 0.1), ("kto", True, 0.1), ("orpo", False, 0.1), ("simpo", False, 2.0)],
-)
-def test_preference_algorithms_resolve_the_reference_and_beta(name, ref, beta):
-    from megarl.algorithms.preference_terms import PreferenceSettings
-    from megarl.trainer.preference import preference_config
-
-    cfg = preference_config(load_config(None, [], check_paths=False), name)  # resolved as ppo first
-    assert (cfg.ref.enable, cfg.critic.enable, PreferenceSettings.from_config(cfg).beta) == (ref, False, beta)
-    assert load_config(None, [f"algorithm.name={name}"], check_paths=False).ref.enable == ref
-
-
-@pytest.mark.parametrize(
     "overrides",
     [
         ["algorithm.adv_estimator=drgrpo", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
@@ -504,17 +450,3 @@ def test_preference_algorithms_resolve_the_reference_and_beta(name, ref, beta):
 def test_algorithm_variants_load(tiny_run, overrides):
     cfg = load_config(QUICKSTART, tiny_run + overrides)
     assert cfg.critic.enable == (cfg.algorithm.adv_estimator == "gae")
-
-
-@pytest.mark.parametrize(
-    ("vocab", "divisible_by", "tp", "padded"),
-    [
-        (1001, 128, 1, 1024),
-        (1001, 128, 4, 1024),
-        (32000, 128, 4, 32256),
-        (1024, 128, 8, 1024),
-        (50257, 128, 1, 50304),
-    ],
-)
-def test_padded_vocab_size(vocab, divisible_by, tp, padded):
-    assert padded_vocab_size(vocab, divisible_by, tp) == padded
