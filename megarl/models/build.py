@@ -19,10 +19,19 @@ def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
     from megarl.models.sdpa_attention import SdpaDotProductAttention
+    from megarl.models.swiglu import SwiGLU
 
     spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention  # fused on CPU
+    spec.submodules.mlp.submodules.activation_func = SwiGLU  # no concatenation in its backward
     return spec
+
+
+def uses_spec_activation(spec) -> bool:
+    """Whether the MLP applies the spec's activation module (megarl's SwiGLU) to the whole fc1 output:
+    megatron reads that from `config.use_te_activation_func` (a misnomer here: no Transformer Engine)."""
+    mlp = getattr(spec.submodules, "mlp", None)
+    return getattr(getattr(mlp, "submodules", None), "activation_func", None) is not None
 
 
 def build_model_chunks(
@@ -39,6 +48,7 @@ def build_model_chunks(
 
     config = arch.transformer_config(layout, dtype, recompute)
     spec = layer_spec(arch)
+    config.use_te_activation_func = uses_spec_activation(spec)
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, layout.tp)
     chunks = []
     for vp_stage in range(layout.vpp or 1):

