@@ -18,12 +18,24 @@ def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
         use_te = platform().transformer_engine
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from megarl.models.rms_norm import RMSNorm
     from megarl.models.sdpa_attention import SdpaDotProductAttention
     from megarl.models.swiglu import SwiGLU
 
     spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention  # fused on CPU
-    spec.submodules.mlp.submodules.activation_func = SwiGLU  # no concatenation in its backward
+    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+    attention.core_attention = SdpaDotProductAttention  # fused on CPU
+    layer.mlp.submodules.activation_func = SwiGLU  # no concatenation in its backward
+    for owner, name in (
+        (layer, "input_layernorm"),
+        (layer, "pre_mlp_layernorm"),
+        (attention, "q_layernorm"),
+        (attention, "k_layernorm"),
+    ):
+        if getattr(owner, name) is WrappedTorchNorm:  # torch's norm (apex's, where installed, stays)
+            setattr(owner, name, RMSNorm)  # a shorter backward on CPU
     return spec
 
 

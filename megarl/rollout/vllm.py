@@ -41,6 +41,10 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 # Log-probs of the distribution actually sampled from (temperature, top-k/top-p applied).
 _LOGPROBS_MODE = "processed_logprobs"
+# KV-cache block size on CPU (vLLM's CPU default: 128). Its attention kernel walks a sequence's cache
+# block by block; at 32 a 25M model's generation (64 sequences × 128 tokens, 1 thread) ran 3% faster
+# here, never slower at the tiny model (standalone engines, same prompts).
+_CPU_BLOCK_SIZE = 32
 
 
 def checkpoint_names_by_layer(
@@ -196,6 +200,7 @@ class VLLMRollout(Rollout):
             enforce_eager=r.enforce_eager,
             enable_prefix_caching=True,
             enable_sleep_mode=self.can_sleep,
+            **({} if platform().is_cuda else {"block_size": _CPU_BLOCK_SIZE}),
             # vLLM's CPU sampler computes a log-softmax for this mode every step, asked for or not
             **({"logprobs_mode": _LOGPROBS_MODE} if self.has_log_probs else {}),
         )

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from megarl.models.rms_norm import RMSNorm
 from megarl.models.swiglu import SwiGLU
 
 pytestmark = pytest.mark.unit
@@ -31,7 +32,7 @@ def test_output_and_gradient_are_bitwise_megatrons(shape):
     assert grads[1].is_contiguous()
 
 
-def test_the_cpu_layer_spec_applies_it_to_the_whole_fc1_output():
+def test_the_cpu_layer_spec_applies_it_to_the_whole_fc1_output_and_uses_megarls_norm():
     from megarl.models import build
     from megarl.models.from_hf import ModelArchitecture
 
@@ -48,3 +49,4 @@ def test_the_cpu_layer_spec_applies_it_to_the_whole_fc1_output():
     local = build.layer_spec(arch, use_te=False)
     assert local.submodules.mlp.submodules.activation_func is SwiGLU
     assert build.uses_spec_activation(local)
+    assert local.submodules.input_layernorm is local.submodules.pre_mlp_layernorm is RMSNorm
