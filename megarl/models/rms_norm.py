@@ -53,4 +53,6 @@ class RMSNorm(torch.nn.RMSNorm):
         fused = x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
         if not (fused and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
-        return _RMSNormCPU.apply(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
+        return _RMSNormCPU.apply(
+            x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        )
