@@ -42,8 +42,7 @@ def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
 def uses_spec_activation(spec) -> bool:
     """Whether the MLP applies the spec's activation module (megarl's SwiGLU) to the whole fc1 output:
     megatron reads that from `config.use_te_activation_func` (a misnomer here: no Transformer Engine)."""
-    mlp = getattr(spec.submodules, "mlp", None)
-    return getattr(getattr(mlp, "submodules", None), "activation_func", None) is not None
+    return spec.submodules.mlp.submodules.activation_func is not None
 
 
 def build_model_chunks(

@@ -182,7 +182,7 @@ def _use_fused_torch_adam(optimizer) -> None:
     Skipped when a group holds a tensor its fused kernel does not take (another device or dtype)."""
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", None)
-        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+        if not isinstance(inner, torch.optim.Adam):  # AdamW included (its subclass)
             continue
         for group in inner.param_groups:
             params = group["params"]

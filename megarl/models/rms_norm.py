@@ -50,9 +50,7 @@ class RMSNorm(torch.nn.RMSNorm):
             param.sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-        if not (fused and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+        cpu_fp32 = x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32
+        if not (cpu_fp32 and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
-        return _RMSNormCPU.apply(
-            x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        )
+        return _RMSNormCPU.apply(x, self.weight, self.eps)  # megatron always passes eps
