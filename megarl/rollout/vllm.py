@@ -26,6 +26,7 @@ from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
+from megarl.rollout.vllm_cpu_load import load_into_layers
 from megarl.rollout.vllm_groups import (
     check_tp_groups,
     consecutive_groups,
@@ -262,25 +263,33 @@ class VLLMRollout(Rollout):
         ]
         return rollout_batch(batch, samples, max_tokens, self.pad_token_id)
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
         """Replace engine weights in place from Hugging Face-named, full (unsharded) tensors.
 
         Any subset of the model may be sent, in buckets of whole engine layers: every tensor of a layer
         in one call (q, k and v with their biases; gate and up). Each engine takes its own TP shard;
-        cached prefixes computed with the old weights are dropped.
+        cached prefixes computed with the old weights are dropped. Returns the loader that took them:
+        "layers" (CPU, one engine TP rank: `vllm_cpu_load`) or "reload_weights" (vLLM's).
         """
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         check_complete_layers((name for name, _ in weights), self.layers)
-        # vLLM warns once per layer a call leaves alone; in a bucketed push that is every other layer.
-        with engine_call(), _log_level("vllm.model_executor.model_loader.reload.layerwise", logging.ERROR):
+        with engine_call():
             # The CPU backend repacks linear weights, so the model's own load_weights cannot be used;
-            # the worker's reload_weights undoes and redoes that processing layer by layer.
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            # with one engine TP rank the layers take their tensors directly (vllm_cpu_load), else the
+            # worker's reload_weights undoes and redoes that processing layer by layer.
+            loader = "layers" if self.cfg.rollout.tp == 1 and not platform().is_cuda else "reload_weights"
+            if loader == "layers" and not self.llm.collective_rpc(load_into_layers, args=(weights,))[0]:
+                loader = "reload_weights"
+            if loader == "reload_weights":
+                # vLLM warns once per layer a call leaves alone: in a bucketed push, every other layer
+                with _log_level("vllm.model_executor.model_loader.reload.layerwise", logging.ERROR):
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             self.llm.collective_rpc(_reprocess_tied_layers)
             if not self.llm.reset_prefix_cache():
                 raise RuntimeError(
                     "vLLM kept its prefix cache (requests still running); outputs would mix weights"
                 )
+        return loader
 
     def sleep(self, level: int = 1) -> bool:
         """Release the engine's device memory (level 1: weights to host, KV cache dropped; level 2: both

@@ -124,6 +124,7 @@ def test_load_weights_refuses_part_of_an_engine_layer(single):
 
 
 def test_load_weights_equals_an_engine_built_from_the_checkpoint(single):
+    assert single["push_loader"] == "layers"  # one engine TP rank on CPU: straight into the layers
     assert single["push_changed_tokens"]
     assert single["pushed_log_prob_diff"] <= LOG_PROB_TOL
     assert single["rebuilt_equals_pushed_tokens"]
@@ -133,6 +134,7 @@ def test_load_weights_equals_an_engine_built_from_the_checkpoint(single):
 def test_bucketed_push_of_the_original_weights_restores_the_original_outputs(single):
     restore = single["bucketed_restore"]
     assert restore["buckets"] == 5  # four decoder layers and the rest
+    assert restore["loaders"] == ["layers"]
     assert restore["same_tokens"]
     assert restore["log_prob_diff"] <= 1e-6
 
@@ -161,6 +163,7 @@ def test_ranks_of_a_replica_sample_the_same_tokens_and_replicas_differ(tp):
 
 
 def test_tp2_weight_push_matches_tp1_and_transformers(tp, single):
+    assert tp["push_loader"] == "reload_weights"  # vLLM's loader takes each engine's TP shard
     assert tp["pushed_greedy_tokens"] == single["pushed_greedy_tokens"]
     assert max(tp["pushed_log_prob_diff_per_replica"]) <= LOG_PROB_TOL
 

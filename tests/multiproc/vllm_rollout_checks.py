@@ -186,7 +186,7 @@ def check_single(model: str, perturbed: str) -> dict:
         except ValueError:
             res["partial_layer_push_refused"][label] = True
     t0 = time.time()
-    rollout.load_weights(weights)
+    res["push_loader"] = rollout.load_weights(weights)
     res["push_s"] = time.time() - t0
     after = rollout.generate(batch, greedy_cfg)
     res["push_changed_tokens"] = not torch.equal(after["responses"], greedy["responses"])
@@ -199,11 +199,11 @@ def check_single(model: str, perturbed: str) -> dict:
     for name, w in hf.named_parameters():
         layer = name.split(".")[2] if ".layers." in name else "rest"
         buckets.setdefault(layer, []).append((name, w))
-    for bucket in buckets.values():
-        rollout.load_weights(bucket)
+    loaders = {rollout.load_weights(bucket) for bucket in buckets.values()}
     restored = rollout.generate(batch, greedy_cfg)
     res["bucketed_restore"] = {
         "buckets": len(buckets),
+        "loaders": sorted(loaders),
         "same_tokens": bool(torch.equal(restored["responses"], greedy["responses"])),
         "log_prob_diff": max_diff(restored["rollout_log_probs"], greedy["rollout_log_probs"]),
     }
@@ -261,7 +261,7 @@ def check_tp(model: str, perturbed: str) -> dict:
 
     from safetensors.torch import load_file
 
-    rollout.load_weights(load_file(f"{perturbed}/model.safetensors").items())
+    res["push_loader"] = rollout.load_weights(load_file(f"{perturbed}/model.safetensors").items())
     after = rollout.generate(batch, cfg.rollout.val)
     res["pushed_greedy_tokens"] = after["responses"].tolist()
     diff = (
