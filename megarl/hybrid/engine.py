@@ -62,7 +62,7 @@ class HybridEngine:
         self.rollout.wake_up(["weights"])
         for bucket in self.resharder.buckets(stats):
             start = time.perf_counter()
-            self.rollout.load_weights(bucket)
+            stats.engine_loader = self.rollout.load_weights(bucket)
             stats.seconds["engine_load"] = stats.seconds.get("engine_load", 0.0) + time.perf_counter() - start
         self.rollout.wake_up(["kv_cache"])
         self.last_stats = stats

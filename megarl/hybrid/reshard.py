@@ -9,7 +9,8 @@ For every parameter of the model, in one global order that all ranks share:
   3. HF tensors      the generation shard is split into its HF tensors (q/k/v, gate/up) and written
                      into full-shaped HF tensors at exactly the region that generation TP rank's engine
                      shard reads (the rest is never touched, so never sent). The engine's weight loader
-                     (vLLM's `reload_weights` on CPU) narrows each full tensor to its shard.
+                     (vLLM's `reload_weights`) narrows each full tensor to its shard; a CPU engine of
+                     one TP rank takes the tensors whole (`megarl.rollout.vllm_cpu_load`).
 Tensors are handed out in buckets of about `bucket_bytes`; the parts of one module (q, k, v and their
 biases; gate, up) always share a bucket, because pushing half of an engine layer corrupts it.
 
@@ -48,6 +49,7 @@ class ReshardStats:
     tensors: int = 0
     buckets: int = 0
     largest_bucket_bytes: int = 0
+    engine_loader: str = ""  # what put the buckets into the engine (VLLMRollout.load_weights)
     seconds: dict[str, float] = field(
         default_factory=lambda: {"pp_broadcast": 0.0, "gather": 0.0, "to_hf": 0.0}
     )

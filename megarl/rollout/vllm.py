@@ -274,22 +274,25 @@ class VLLMRollout(Rollout):
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         check_complete_layers((name for name, _ in weights), self.layers)
         with engine_call():
-            # The CPU backend repacks linear weights, so the model's own load_weights cannot be used;
-            # with one engine TP rank the layers take their tensors directly (vllm_cpu_load), else the
-            # worker's reload_weights undoes and redoes that processing layer by layer.
-            loader = "layers" if self.cfg.rollout.tp == 1 and not platform().is_cuda else "reload_weights"
-            if loader == "layers" and not self.llm.collective_rpc(load_into_layers, args=(weights,))[0]:
-                loader = "reload_weights"
-            if loader == "reload_weights":
-                # vLLM warns once per layer a call leaves alone: in a bucketed push, every other layer
-                with _log_level("vllm.model_executor.model_loader.reload.layerwise", logging.ERROR):
-                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            loader = self._push(weights)
             self.llm.collective_rpc(_reprocess_tied_layers)
             if not self.llm.reset_prefix_cache():
                 raise RuntimeError(
                     "vLLM kept its prefix cache (requests still running); outputs would mix weights"
                 )
         return loader
+
+    def _push(self, weights: list[tuple[str, torch.Tensor]]) -> str:
+        """The CPU backend repacks linear weights, so the model's own load_weights cannot be used: with
+        one engine TP rank the layers take their tensors directly (`vllm_cpu_load`); otherwise, or where
+        that declines, the worker's reload_weights undoes and redoes the processing layer by layer."""
+        if self.cfg.rollout.tp == 1 and not platform().is_cuda:
+            if self.llm.collective_rpc(load_into_layers, args=(weights,))[0]:
+                return "layers"
+        # vLLM warns once per layer a call leaves alone: in a bucketed push, every other layer
+        with _log_level("vllm.model_executor.model_loader.reload.layerwise", logging.ERROR):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        return "reload_weights"
 
     def sleep(self, level: int = 1) -> bool:
         """Release the engine's device memory (level 1: weights to host, KV cache dropped; level 2: both

@@ -3,10 +3,12 @@
 vLLM's CPU backend packs each linear layer's weight into a oneDNN GEMM handle and drops the plain
 tensor, so a push must rebuild the handle. `reload_weights` does that through its general layer-wise
 machinery (meta tensors, wrapped loaders, one signature bind per tensor): at the tiny model ~70% of a
-27 ms transition (torch.profiler, one step of `megarl bench e2e`), the oneDNN repacking the rest. With
-one engine TP rank the engine's fused layers are plain concatenations of the HF tensors (qkv_proj =
-[q; k; v], gate_up_proj = [gate; up]), so the push can hand each layer its new weight and run the
-layer's own post-load processing — exactly the step `reload_weights` ends with — and nothing else.
+27 ms transition (torch.profiler, one step of `megarl bench e2e`), the oneDNN repacking the rest. For
+the model types megarl converts (`megarl.models.from_hf.FAMILIES`), unquantized and with one engine TP
+rank, vLLM's loader changes no tensor: its fused layers are concatenations of the HF tensors in
+`packed_modules_mapping` order (qkv_proj = [q; k; v], gate_up_proj = [gate; up]) and the vocabulary is
+zero-padded. So the push hands each layer its new tensors and runs the layer's own post-load processing
+— the step `reload_weights` ends with — and nothing else. Anything else goes to `reload_weights`.
 """
 
 from __future__ import annotations
@@ -15,38 +17,32 @@ from collections.abc import Sequence
 
 import torch
 
+from megarl.models.from_hf import FAMILIES
+
 Weights = Sequence[tuple[str, torch.Tensor]]
+Plan = list[tuple[torch.nn.Module, str, torch.Tensor]]
 
 
 def load_into_layers(worker, weights: Weights) -> bool:
     """Load `weights` (HF names, whole layers) into `worker`'s model. Returns False, having changed
-    nothing, where a tensor has no plain destination (a name or shape it does not know): the caller
-    then falls back to `reload_weights`."""
+    nothing, where the model or a tensor is not one this path knows: the caller then uses
+    `reload_weights`."""
+    config = worker.model_runner.model_config
+    if config.quantization is not None or config.hf_config.model_type not in FAMILIES:
+        return False
     model = worker.model_runner.model
     plan = _plan(model, getattr(model, "packed_modules_mapping", {}), weights)
     if plan is None:
         return False
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
-    touched = {}
-    for module, name, tensor in plan:
-        param = module._parameters[name]
-        if param.numel() == 0:  # a packed linear weight: the processing below packs this one
-            module._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
-        elif param.shape == tensor.shape:
-            param.data.copy_(tensor)
-        else:  # a vocab-padded embedding or LM head: its loader pads
-            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-        touched[id(module)] = module
-    for module in touched.values():
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            method.process_weights_after_loading(module)
+    _apply(plan)
     return True
 
 
-def _plan(model, packed: dict[str, list[str]], weights: Weights):
+def _plan(model: torch.nn.Module, packed: dict[str, list[str]], weights: Weights) -> Plan | None:
     """[(engine module, parameter name, tensor to load)], or None where the push needs vLLM's loader."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
     part_of = {part: (fused, i) for fused, parts in packed.items() for i, part in enumerate(parts)}
     modules = dict(model.named_modules())
     groups: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
@@ -54,33 +50,58 @@ def _plan(model, packed: dict[str, list[str]], weights: Weights):
         path, _, name = hf_name.rpartition(".")
         parent, _, leaf = path.rpartition(".")
         fused, index = part_of.get(leaf, (leaf, 0))
-        groups.setdefault((f"{parent}.{fused}" if parent else fused, name), {})[index] = tensor
+        groups.setdefault((f"{parent}.{fused}" if parent else fused, name), {})[index] = tensor.detach()
     plan = []
     for (path, name), parts in groups.items():
         module = modules.get(path)
         param = None if module is None else module._parameters.get(name)
-        count = len(packed.get(path.rpartition(".")[2], [path]))
+        method = getattr(module, "quant_method", None)
+        count = len(packed.get(path.rpartition(".")[2], ())) or 1
         if param is None or sorted(parts) != list(range(count)):
             return None
-        tensor = torch.cat([parts[i] for i in range(count)]) if count > 1 else parts[0]
-        if param.numel() == 0:
-            if name != "weight" or not hasattr(module, "cpu_linear"):
-                return None
-            shape = (module.output_size_per_partition, module.input_size_per_partition)
-            if tuple(tensor.shape) != shape or tensor.dtype != param.dtype:
-                return None
-            # the GEMM handle is built from this tensor: never the caller's (maybe training) storage
-            tensor = tensor.clone() if count == 1 else tensor
-        elif param.shape != tensor.shape and not (count == 1 and _padded_rows(param, tensor)):
+        if method is not None and not isinstance(
+            method, UnquantizedLinearMethod | UnquantizedEmbeddingMethod
+        ):
             return None
-        plan.append((module, name, tensor.detach()))
+        # a fresh contiguous tensor: a packed layer's GEMM handle is built from it, never the caller's
+        tensor = torch.cat([parts[i] for i in range(count)]) if count > 1 else parts[0]
+        tensor = tensor.to(param.dtype, memory_format=torch.contiguous_format, copy=count == 1)
+        if param.numel() == 0:  # the linear weight vLLM packed away
+            shape = (
+                getattr(module, "output_size_per_partition", 0),
+                getattr(module, "input_size_per_partition", 0),
+            )
+            if name != "weight" or not isinstance(method, UnquantizedLinearMethod) or tensor.shape != shape:
+                return None
+        elif param.shape != tensor.shape and not _vocab_padded(module, param, tensor):
+            return None
+        plan.append((module, name, tensor))
     return plan
 
 
-def _padded_rows(param: torch.Tensor, tensor: torch.Tensor) -> bool:
-    """Whether `param` is `tensor` with rows added (vLLM pads the vocabulary of embeddings and heads)."""
+def _vocab_padded(module: torch.nn.Module, param: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether `param` is the vocabulary `tensor` plus vLLM's padding rows (an embedding or LM head)."""
     return (
-        param.dim() == tensor.dim() == 2
-        and param.shape[1] == tensor.shape[1]
+        getattr(module, "org_vocab_size", None) == tensor.shape[0]
+        and getattr(module, "num_added_embeddings", 0) == 0
+        and param.shape[1:] == tensor.shape[1:]
         and param.shape[0] > tensor.shape[0]
     )
+
+
+def _apply(plan: Plan) -> None:
+    """Put each tensor in place, then redo each touched layer's post-load processing once."""
+    touched = {}
+    for module, name, tensor in plan:
+        param = module._parameters[name]
+        if param.numel() == 0:
+            module._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
+        else:
+            rows = tensor.shape[0]
+            param.data[:rows].copy_(tensor)
+            param.data[rows:].zero_()  # vocabulary padding (empty otherwise), as vLLM's loader leaves it
+        touched[id(module)] = module
+    for module in touched.values():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
