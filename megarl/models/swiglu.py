@@ -2,13 +2,13 @@
 with a backward that writes both halves of the gradient into one buffer.
 
 megatron-core's unfused path (`glu` in `MLP.forward`) chunks the fc1 output and leaves the rest to
-autograd, whose backward of `chunk` concatenates the two half-gradients: one more pass over the
-[tokens, 2 · ffn] gradient and a fresh allocation of it per layer (torch.profiler's top non-GEMM op of
-a 25M model's CPU update, `aten::cat`). Here the same ops (`silu`, `mul`, `silu_backward`) write into
-the halves of one gradient tensor, so the results are bitwise those of autograd's; forward + backward
-at a 25M model's 64 × 147 tokens, 1 thread: 180 → 136 ms per layer. Megatron calls it through
-`MLPSubmodules.activation_func` with `config.use_te_activation_func` set (the flag only means "apply the spec's activation module to the
-whole fc1 output"; nothing of Transformer Engine is used).
+autograd, whose backward of `chunk` concatenates the two half-gradients: one more pass over the [tokens, 2 ·
+ffn] gradient and a fresh allocation of it per layer (torch.profiler's top non-GEMM op of a 25M model's CPU
+update, `aten::cat`). Here the same ops (`silu`, `mul`, `silu_backward`) write into the halves of one gradient
+tensor, so the results are bitwise those of autograd's; forward + backward at a 25M model's 64 × 147 tokens, 1
+thread: 180 → 136 ms per layer. Megatron calls it through `MLPSubmodules.activation_func` with
+`config.use_te_activation_func` set (the flag only means "apply the spec's activation module to the whole fc1
+output"; nothing of Transformer Engine is used).
 """
 
 from __future__ import annotations

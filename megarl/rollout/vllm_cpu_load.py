@@ -24,7 +24,7 @@ Plan = list[tuple[torch.nn.Module, str, torch.Tensor]]
 
 
 def load_into_layers(worker, weights: Weights) -> bool:
-    """Load `weights` (HF names, whole layers) into `worker`'s model. Returns False, having changed
+    """Load `weights` (HF names, whole layers, detached) into `worker`'s model. Returns False, having changed
     nothing, where the model or a tensor is not one this path knows: the caller then uses
     `reload_weights`."""
     config = worker.model_runner.model_config
@@ -45,18 +45,18 @@ def _plan(model: torch.nn.Module, packed: dict[str, list[str]], weights: Weights
 
     part_of = {part: (fused, i) for fused, parts in packed.items() for i, part in enumerate(parts)}
     modules = dict(model.named_modules())
-    groups: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    groups: dict[tuple[str, str, int], dict[int, torch.Tensor]] = {}  # (module, param, parts): tensors
     for hf_name, tensor in weights:
         path, _, name = hf_name.rpartition(".")
         parent, _, leaf = path.rpartition(".")
         fused, index = part_of.get(leaf, (leaf, 0))
-        groups.setdefault((f"{parent}.{fused}" if parent else fused, name), {})[index] = tensor.detach()
+        count = len(packed.get(fused, ())) or 1
+        groups.setdefault((f"{parent}.{fused}" if parent else fused, name, count), {})[index] = tensor
     plan = []
-    for (path, name), parts in groups.items():
+    for (path, name, count), parts in groups.items():
         module = modules.get(path)
         param = None if module is None else module._parameters.get(name)
         method = getattr(module, "quant_method", None)
-        count = len(packed.get(path.rpartition(".")[2], ())) or 1
         if param is None or sorted(parts) != list(range(count)):
             return None
         if method is not None and not isinstance(
