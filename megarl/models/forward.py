@@ -138,7 +138,7 @@ def _forward_step(loss_fn: LossFn, at: str | None, data_iterator, model):
     if positions is None:
         positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
     kwargs = {}
-    if "cu_seqlens" in batch:  # packed sequences in THD layout (Transformer Engine attention)
+    if "cu_seqlens" in batch:  # packed sequences in THD layout (see megarl.workers.sequences)
         from megatron.core.packed_seq_params import PackedSeqParams
 
         cu, longest = batch["cu_seqlens"], int((batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).max())

@@ -5,8 +5,12 @@ megatron-core's own `DotProductAttention` materialises the [b, heads, s, s] scor
 masked_fill of the mask, softmax, bmm, and the layout copies around them — 12–15% of a policy update on
 CPU (`megarl bench train`, torch.profiler). SDPA does the same maths in one fused kernel (the one
 transformers uses). Cases SDPA would compute differently (attention dropout in training, a softmax
-offset, sliding windows, query-key layer scaling, packed THD sequences, attention bias) take the
-original path.
+offset, sliding windows, query-key layer scaling, attention bias) take the original path.
+
+Packed sequences (THD: one row of whole sequences back to back, `PackedSeqParams.cu_seqlens_q`) are
+attended without padding and without a mask: each run of consecutive sequences of one length is viewed
+as a [count, length] batch (no copy) and gets one causal SDPA call. megarl packs a micro-batch's
+sequences longest first (`build_microbatch`), so a run holds every sequence of its length.
 """
 
 from __future__ import annotations
@@ -18,11 +22,17 @@ from megatron.core.transformer.enums import AttnMaskType
 
 
 class SdpaDotProductAttention(DotProductAttention):
+    @property
+    def handles_packed(self) -> bool:
+        """Whether packed THD sequences take the fused path (in training too): megatron's own core
+        attention has no THD support, so without it packed sequences need a block-causal mask."""
+        return self._fused(None, None) and not (self.attention_dropout.p > 0)
+
     def _fused(self, attention_bias, packed_seq_params) -> bool:
         c = self.config
         return (
             attention_bias is None
-            and packed_seq_params is None
+            and (packed_seq_params is None or _causal_thd(packed_seq_params))
             and self.softmax_offset is None
             and getattr(c, "window_size", None) is None
             and not c.apply_query_key_layer_scaling
@@ -43,6 +53,8 @@ class SdpaDotProductAttention(DotProductAttention):
             return super().forward(
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         # [s, b, heads, d] -> [b, heads, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
@@ -61,3 +73,44 @@ class SdpaDotProductAttention(DotProductAttention):
         )
         # [b, heads, s, d] -> [s, b, heads · d]
         return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), self.hidden_size_per_partition)
+
+    def _packed(self, query, key, value, packed_seq_params) -> torch.Tensor:
+        """THD: query/key/value [t, heads, d] -> [t, heads · d], each sequence causal on its own."""
+        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        lengths = [end - start for start, end in zip(bounds, bounds[1:])]
+        out, start = [], 0
+        for length, count in _runs(lengths):
+            end = start + length * count
+            # [count · length, heads, d] -> [count, heads, length, d]: views of the packed row
+            q, k, v = (
+                t[start:end].unflatten(0, (count, length)).transpose(1, 2) for t in (query, key, value)
+            )
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1)
+            )
+            out.append(o.transpose(1, 2).reshape(end - start, self.hidden_size_per_partition))
+            start = end
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def _causal_thd(packed_seq_params) -> bool:
+    """Packed self-attention of whole sequences: the same boundaries for queries and keys, no padding
+    inside a sequence (which TE's `*_padded` boundaries would describe)."""
+    p = packed_seq_params
+    return (
+        p.qkv_format == "thd"
+        and p.cu_seqlens_q_padded is None
+        and p.cu_seqlens_kv_padded is None
+        and torch.equal(p.cu_seqlens_q, p.cu_seqlens_kv)
+    )
+
+
+def _runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """[(length, count)] of consecutive equal lengths: [5, 5, 3] -> [(5, 2), (3, 1)]."""
+    runs: list[tuple[int, int]] = []
+    for n in lengths:
+        if runs and runs[-1][0] == n:
+            runs[-1] = (n, runs[-1][1] + 1)
+        else:
+            runs.append((n, 1))
+    return runs

@@ -24,7 +24,7 @@ from megarl.controller.dispatch import Dispatch, register
 from megarl.controller.worker import Worker
 from megarl.data.batching import micro_batches_by_count, micro_batches_by_tokens
 from megarl.distributed.platform import platform
-from megarl.models.build import build_model_chunks
+from megarl.models.build import attends_packed_thd, build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import load_hf_into_chunks
 from megarl.models.forward import run_microbatches
@@ -43,6 +43,7 @@ class MegatronWorker(Worker):
         self.spec, self.role = spec, spec.role
         self.arch = self._architecture()
         self.chunks = self._load_chunks(recompute=spec.trainable and spec.recompute)
+        self.packed_thd = attends_packed_thd(self.chunks)
         self.optimizer = None
         if spec.trainable:
             from megarl.models.ddp import wrap_ddp
@@ -243,7 +244,7 @@ class MegatronWorker(Worker):
             unit_groups = micro_batches_by_count(units, self.spec.micro_batch_size)
             length, mode = padded_length(sub, multiple), "pad"
             rows_per_mb = self.spec.micro_batch_size * group
-        thd = mode == "pack" and platform().transformer_engine
+        thd = mode == "pack" and self.packed_thd
         out = []
         for units_of_mb in unit_groups:
             members = [u * group + k for u in sorted(units_of_mb) for k in range(group)]

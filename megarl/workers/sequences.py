@@ -8,8 +8,9 @@ then laid out in one of two ways:
   pad    micro-batches of `micro_batch_size` rows, right-padded to one length. Right padding needs no
          attention mask: causal attention already keeps real tokens from seeing the pads after them.
   pack   every micro-batch is ONE row of a fixed token budget holding several whole sequences back to
-         back, positions restarting at 0 for each; a block-diagonal causal mask keeps them apart (plain
-         attention on CPU), or cu_seqlens in THD layout where Transformer Engine runs (GPU).
+         back (longest first), positions restarting at 0 for each; cu_seqlens in THD layout keep them
+         apart (Transformer Engine's attention, or megarl's SDPA attention on CPU: no padding computed),
+         or a block-diagonal causal mask over the row where the attention cannot take THD.
 
 Either way all micro-batches of one schedule call have the same shape (megatron's pipeline exchanges
 fixed-shape activations), and each carries `index` [k, R]: for response token j of its k sequences, the
@@ -111,10 +112,12 @@ def build_microbatch(
         if len(rows) > rows_per_mb:
             raise ValueError(f"{len(rows)} sequences do not fit a micro-batch of {rows_per_mb}")
     elif mode == "pack":
-        n_rows, offset, starts = 1, 0, []
-        for r in rows:
-            starts.append((0, offset))
-            offset += len(seqs.tokens[r])
+        # longest first: sequences of one length sit side by side, so THD attention takes each length
+        # in one call (megarl's SDPA attention); the outputs keep the order of `rows`
+        n_rows, offset, starts = 1, 0, [(0, 0)] * len(rows)
+        for k in sorted(range(len(rows)), key=lambda k: -len(seqs.tokens[rows[k]])):
+            starts[k] = (0, offset)
+            offset += len(seqs.tokens[rows[k]])
         if offset > length:
             raise ValueError(f"{offset} tokens do not fit a packed micro-batch of {length}")
     else:
@@ -146,7 +149,7 @@ def build_microbatch(
         "rows": torch.tensor(rows, dtype=torch.long),
     }
     if mode == "pack":
-        lengths = [len(seqs.tokens[r]) for r in rows]
+        lengths = sorted((len(seqs.tokens[r]) for r in rows), reverse=True)
         if thd:
             mb["cu_seqlens"] = _cu_seqlens(lengths, length)
         else:

@@ -26,6 +26,7 @@ from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
 from megarl.workers.reference import ReferenceWorker
 from megarl.workers.reward import RewardModelWorker
+from megarl.workers.sequences import sequences_from_batch
 from tests.multiproc.preference_checks import check_preference
 
 LAYOUTS = {"tp1pp1": (1, 1), "tp2pp1": (2, 1), "tp1pp2": (1, 2), "tp2pp2": (2, 2)}
@@ -184,7 +185,9 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
     advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * mask
     variants = {
         "mbs1": ({"micro_batch_size": 1}, False),
-        "packed": ({"max_tokens": 40}, False),
+        "packed": ({"max_tokens": 40}, False),  # THD: SDPA per run of equal lengths
+        "packed_mask": ({"max_tokens": 40, "mask": True}, False),  # the block-causal mask fallback
+        "packed_sp": ({"max_tokens": 40, "sequence_parallel": True}, False),
         "balanced": ({}, True),
         "recompute": ({"recompute": True}, False),
         "sequence_parallel": ({"sequence_parallel": True}, False),
@@ -196,6 +199,8 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
         if label == "mbs1":  # offloads to disk (check_offload); a directory of its own for each rank
             cfg.actor.offload_dir = tempfile.mkdtemp()
         actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
+        if batching.get("mask"):
+            actor.worker.packed_thd = False  # as where the attention cannot take THD (attention dropout)
         rows, order = batch, list(range(N))
         if balance:
             rows, order = balance_for_dp(batch, actor.worker.layout.dp)
@@ -204,6 +209,8 @@ def check_batching(policy: str, reward: str, batch: Batch, mask: torch.Tensor) -
         train = batch.union(Batch(tensors={"old_log_probs": lp, "advantages": advantages}))
         metrics = actor.update(train.reorder(order))[0]
         out[label] = {"log_probs": lp, "pg_loss": metrics["actor/pg_loss"], "grad_norm": metrics["grad_norm"]}
+        mb = actor.worker.microbatches(sequences_from_batch(batch), list(range(N // 2)))[0]
+        out[label]["packed_as"] = "thd" if "cu_seqlens" in mb else "mask" if "attention_mask" in mb else "pad"
         if label == "mbs1":
             out[label]["offload"] = check_offload(actor, batch, lp)
         if not balance:  # reordered rows would split the pairs
@@ -309,7 +316,7 @@ def main(argv: list[str]) -> dict:
                 "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
                 "pg_loss": b["pg_loss"],
                 "grad_norm": b["grad_norm"],
-                **{k: b[k] for k in ("dp_tokens", "offload", "preference") if k in b},
+                **{k: b[k] for k in ("dp_tokens", "offload", "preference", "packed_as") if k in b},
             }
             for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
         }

@@ -89,9 +89,14 @@ def test_megatron_reward_model_scores_the_last_token_like_transformers(checks, l
     assert checks[layout]["rm_score_max_abs_diff"] <= LOG_PROB_TOL
 
 
-@pytest.mark.parametrize("variant", ["mbs1", "packed", "balanced", "recompute", "sequence_parallel"])
+VARIANTS = ["mbs1", "packed", "packed_mask", "packed_sp", "balanced", "recompute", "sequence_parallel"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_micro_batching_does_not_change_log_probs_loss_or_gradients(checks, batching, variant):
     got, base = batching[variant], checks["tp2pp1"]
+    expected = {"packed": "thd", "packed_sp": "thd", "packed_mask": "mask"}.get(variant, "pad")
+    assert got["packed_as"] == expected
     assert got["log_prob_max_abs_diff"] <= LOG_PROB_TOL
     assert got["pg_loss"] == pytest.approx(base["pg_loss"], abs=1e-5)
     assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5)
@@ -154,7 +159,7 @@ def test_preference_update_gives_the_same_loss_and_grad_norm_for_every_layout(ch
 def test_preference_micro_batches_of_whole_pairs_do_not_change_loss_or_gradients(batching, loss):
     # mbs1: one pair (two rows) per micro-batch; packed: pairs packed to a 40-token budget
     base = batching["recompute"]["preference"][loss]
-    for variant in ("mbs1", "packed", "sequence_parallel"):
+    for variant in ("mbs1", "packed", "packed_mask", "packed_sp", "sequence_parallel"):
         got = batching[variant]["preference"][loss]
         assert got["loss"] == pytest.approx(base["loss"], rel=1e-5), variant
         assert got["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5), variant

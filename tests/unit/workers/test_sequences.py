@@ -90,6 +90,17 @@ def test_packed_microbatch_restarts_positions_and_isolates_sequences():
     assert not blocked[7, 7]  # padding attends to itself only
 
 
+def test_packing_places_the_longest_first_and_keeps_the_rows_order_of_outputs():
+    seqs = sequences_from_batch(_batch())
+    mb = build_microbatch(seqs, [1, 0], "pack", length=8, thd=True)
+    assert mb["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4, 3, 0]]  # row 0 (5 tokens) before row 1 (2)
+    assert mb["cu_seqlens"].tolist() == [0, 5, 7, 8]  # the trailing padding is one more sequence
+    flat_labels = mb["labels"].flatten()
+    assert flat_labels[mb["index"][0, :1]].tolist() == [3]  # output k=0 is still row 1's
+    assert flat_labels[mb["index"][1, :3]].tolist() == [7, 8, 9]
+    assert mb["last_index"].tolist() == [6, 4]
+
+
 def test_block_causal_mask_matches_a_hand_written_one():
     expected = torch.tensor(
         [[0, 1, 1, 1], [0, 0, 1, 1], [1, 1, 0, 1], [1, 1, 1, 0]], dtype=torch.bool
