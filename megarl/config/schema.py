@@ -417,6 +417,9 @@ class PreferenceConfig:
 class TrainerConfig:
     nnodes: int = 1  # machines in the cluster
     n_devices_per_node: int = 1  # GPUs per machine (processes per machine on CPU)
+    # verl's balance_batch: reorder each step's rollouts so every data-parallel rank of the actor gets
+    # about the same number of real tokens (equal row counts) before the log-prob and update stages
+    balance_batch: bool = True
     total_epochs: int = 1  # passes over the training data
     total_steps: int | None = None  # training steps; None = total_epochs × steps per epoch
     # save <output_dir>/checkpoints/step_<N>/ every N steps and after the last; 0 = only after the last;

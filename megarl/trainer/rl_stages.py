@@ -1,7 +1,7 @@
 """The stages of one RL step (DESIGN §3) and the graph each algorithm is built from.
 
-    remax_baseline?  generate  reward_model?  reward  filter_groups?  old_log_prob  rollout_correction?
-    ref_log_prob?  values?  advantages  pf_ppo?  update_critic?  update_actor
+    remax_baseline?  generate  reward_model?  reward  filter_groups?  balance_batch?  old_log_prob
+    rollout_correction?  ref_log_prob?  values?  advantages  pf_ppo?  update_critic?  update_actor
 
 `build_rl_dataflow(cfg, roles, reward)` assembles the graph for `algorithm.adv_estimator`: GAE adds the
 critic's stages, ReMax the greedy-baseline generation, a KL term the reference, a reward model its
@@ -29,6 +29,7 @@ from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
 from megarl.algorithms.pf_ppo import pf_ppo_resample
 from megarl.algorithms.rollout_correction import compute_rollout_correction
 from megarl.config.schema import MegarlConfig
+from megarl.data.batching import dp_balance_order, imbalance
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
@@ -151,6 +152,25 @@ def filter_groups_stage(
         return Batch.concat(kept)[: wanted * n]
 
     return Stage("filter_groups", keep_varied, reads=(Col.SCORES, Col.UID), new_rows=True)
+
+
+def balance_stage(dp_size: int) -> Stage:
+    """trainer.balance_batch: the batch reordered so that its contiguous split over the actor's `dp_size`
+    data-parallel ranks gives each about the same number of real tokens (advantages group by uid, not
+    by position). Logs the largest rank's tokens over the mean, before and after."""
+
+    def balance(ctx: StepContext, batch: Batch) -> Batch:
+        lengths = batch[Col.ATTENTION_MASK].sum(-1).tolist()
+        share = len(lengths) // dp_size
+        order = dp_balance_order(lengths, dp_size)
+        ranks = [range(r * share, (r + 1) * share) for r in range(dp_size)]
+        ctx.metrics["balance/dp_token_imbalance_before"] = imbalance(lengths, ranks)
+        ctx.metrics["balance/dp_token_imbalance"] = imbalance(
+            lengths, [order[r.start : r.stop] for r in ranks]
+        )
+        return batch.reorder(order)
+
+    return Stage("balance_batch", balance, reads=(Col.ATTENTION_MASK,), new_rows=True)
 
 
 def old_log_prob_stage(actor: Any, with_sum_pi_squared: bool = False, with_rollout: bool = False) -> Stage:
@@ -355,6 +375,9 @@ def build_rl_dataflow(
         if more_prompts is None:
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
         stages.append(filter_groups_stage(cfg, more_prompts, before("filter_groups")))
+    dp = cfg.layout("actor").dp
+    if cfg.trainer.balance_batch and dp > 1:
+        stages.append(balance_stage(dp))
     rc = algo.rollout_correction
     fused = algo.old_log_prob == "fused"  # the update computes them (resolved: auto decided)
     if rc.bypass_mode:

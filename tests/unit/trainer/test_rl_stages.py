@@ -17,6 +17,7 @@ from megarl.trainer.dataflow import Stage, StepContext
 from megarl.trainer.rl_stages import (
     DynamicSamplingError,
     advantages_stage,
+    balance_stage,
     build_rl_dataflow,
     filter_groups_stage,
     pf_ppo_stage,
@@ -147,6 +148,12 @@ def _roles(**present):
             {},
             "generate reward old_log_prob advantages update_actor",
         ),
+        (  # two data-parallel actor ranks: the batch is token-balanced over them first
+            [*GRPO, "trainer.n_devices_per_node=2"],
+            {},
+            "generate reward balance_batch old_log_prob advantages update_actor",
+        ),
+        ([*GRPO, "trainer.n_devices_per_node=2", "trainer.balance_batch=false"], {}, None),
         (
             ["algorithm.name=ppo", "algorithm.adv_estimator=remax", "rollout.val.n=1"],
             {},
@@ -157,7 +164,23 @@ def _roles(**present):
 def test_the_graph_holds_the_stages_the_config_asks_for(overrides, roles, stages):
     cfg = load_config(None, overrides, check_paths=False)
     flow, _ = build_rl_dataflow(cfg, _roles(**roles), reward=object())
-    assert " ".join(flow.names) == stages
+    assert " ".join(flow.names) == (stages or "generate reward old_log_prob advantages update_actor")
+
+
+def test_balance_batch_gives_each_data_parallel_rank_the_same_tokens_and_keeps_rows_whole():
+    lengths = [9, 8, 7, 6, 2, 2, 1, 1]  # contiguous halves: 30 vs 6 tokens
+    mask = torch.tensor([[1] * n + [0] * (9 - n) for n in lengths])
+    batch = Batch({"attention_mask": mask, "row": torch.arange(8)}, {"uid": [f"g{i // 2}" for i in range(8)]})
+    ctx = StepContext(step=1)
+    out = balance_stage(2).run(ctx, batch)
+    halves = [out["attention_mask"][:4].sum().item(), out["attention_mask"][4:].sum().item()]
+    assert halves == [18, 18]
+    assert sorted(out["row"].tolist()) == list(range(8))
+    for i, row in enumerate(out["row"].tolist()):  # each row moves with all its columns
+        assert out["uid"][i] == f"g{row // 2}"
+        assert out["attention_mask"][i].sum().item() == lengths[row]
+    assert ctx.metrics["balance/dp_token_imbalance_before"] == pytest.approx(60 / 36)
+    assert ctx.metrics["balance/dp_token_imbalance"] == 1.0
 
 
 def _corrected(old: list[float], rollout: list[float], **rc) -> tuple[Batch, StepContext]:
