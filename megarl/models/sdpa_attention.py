@@ -26,7 +26,7 @@ class SdpaDotProductAttention(DotProductAttention):
     def handles_packed(self) -> bool:
         """Whether packed THD sequences take the fused path (in training too): megatron's own core
         attention has no THD support, so without it packed sequences need a block-causal mask."""
-        return self._fused(None, None) and not (self.attention_dropout.p > 0)
+        return self.attention_dropout.p == 0 and self._fused(None, None)
 
     def _fused(self, attention_bias, packed_seq_params) -> bool:
         c = self.config
