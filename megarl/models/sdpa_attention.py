@@ -77,19 +77,19 @@ class SdpaDotProductAttention(DotProductAttention):
     def _packed(self, query, key, value, packed_seq_params) -> torch.Tensor:
         """THD: query/key/value [t, heads, d] -> [t, heads · d], each sequence causal on its own."""
         bounds = packed_seq_params.cu_seqlens_q.tolist()
-        lengths = [end - start for start, end in zip(bounds, bounds[1:])]
-        out, start = [], 0
-        for length, count in _runs(lengths):
-            end = start + length * count
+        runs = _runs([end - start for start, end in zip(bounds, bounds[1:])])
+        # one split per tensor, not a slice per run: a slice's backward writes its gradient into a
+        # zeroed tensor of the whole row (and autograd sums those), a split's is one concatenation:
+        # e2e 25m's packed update, 10 runs per micro-batch, 12.6 -> 11.6 s
+        sizes = [length * count for length, count in runs]
+        out = []
+        for (length, count), q, k, v in zip(runs, *(t.split(sizes) for t in (query, key, value))):
             # [count · length, heads, d] -> [count, heads, length, d]: views of the packed row
-            q, k, v = (
-                t[start:end].unflatten(0, (count, length)).transpose(1, 2) for t in (query, key, value)
-            )
+            q, k, v = (t.unflatten(0, (count, length)).transpose(1, 2) for t in (q, k, v))
             o = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1)
             )
-            out.append(o.transpose(1, 2).reshape(end - start, self.hidden_size_per_partition))
-            start = end
+            out.append(o.transpose(1, 2).reshape(length * count, self.hidden_size_per_partition))
         return torch.cat(out) if len(out) > 1 else out[0]
 
 
