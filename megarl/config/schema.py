@@ -5,63 +5,34 @@ The field comments are the reference documentation. A YAML file mirrors this tre
 their fields; `key=value` overrides use the same dotted names (`actor.parallel.tp=2`). Load and check a
 config with `megarl.config.load_config`; cross-field rules live in `megarl.config.validate`.
 
-Fields documented as "None = auto" are filled in by `resolve_auto` when the config is loaded.
+The option vocabularies (the Literals) live in `megarl.config.options`. Fields documented as
+"None = auto" are filled in by `resolve_auto` when the config is loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
+from megarl.config.options import (
+    AdvEstimator,
+    AlgorithmName,
+    Dtype,
+    IsLevel,
+    KlController,
+    KlEstimator,
+    Launcher,
+    LoggingBackend,
+    LossAggMode,
+    LrDecayStyle,
+    OldLogProb,
+    PfPpoReweight,
+    PolicyLoss,
+    RewardBackend,
+    RewardKind,
+    RolloutEngine,
+    RsLevel,
+)
 from megarl.distributed.layout import LayoutKeys, ParallelLayout
-
-# The option names below equal what their implementation accepts (megarl.algorithms, models.dtypes,
-# workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
-Dtype = Literal["fp32", "bf16", "fp16"]
-LrDecayStyle = Literal["constant", "cosine", "linear"]
-AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo"]
-PreferenceAlgorithm = Literal["dpo", "ipo", "kto", "orpo", "simpo"]
-AdvEstimator = Literal[
-    "gae",
-    "grpo",
-    "drgrpo",
-    "rloo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "grpo_passk",
-    "opo",
-    "gpg",
-    "optimal_token_baseline",
-]
-KlEstimator = Literal[
-    "k1",
-    "k2",
-    "k3",
-    "low_var_kl",
-    "kl",
-    "mse",
-    "abs",
-    "k1+",
-    "k2+",
-    "k3+",
-    "low_var_kl+",
-    "kl+",
-    "mse+",
-    "abs+",
-]
-KlController = Literal["fixed", "adaptive"]
-OldLogProb = Literal["recompute", "fused"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PolicyLoss = Literal["vanilla", "gspo", "cispo", "sapo", "gpg", "reinforce", "geo_mean", "clip_cov", "kl_cov"]
-IsLevel = Literal["token", "sequence"]
-RsLevel = Literal["token", "sequence", "geometric"]
-PfPpoReweight = Literal["pow", "max_min", "max_random"]
-RolloutEngine = Literal["vllm"]
-RewardBackend = Literal["megatron", "hf"]
-RewardKind = Literal["classifier", "embedding_similarity"]
-Launcher = Literal["ray", "torchrun"]
-LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:

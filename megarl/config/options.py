@@ -1,0 +1,53 @@
+"""The named option vocabularies of megarl's config (`megarl.config.schema`): each a Literal whose values
+the config loader checks and whose implementation accepts exactly those names."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# The option names below equal what their implementation accepts (megarl.algorithms, models.dtypes,
+# workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
+Dtype = Literal["fp32", "bf16", "fp16"]
+LrDecayStyle = Literal["constant", "cosine", "linear"]
+AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo"]
+AdvEstimator = Literal[
+    "gae",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "grpo_passk",
+    "opo",
+    "gpg",
+    "optimal_token_baseline",
+]
+KlEstimator = Literal[
+    "k1",
+    "k2",
+    "k3",
+    "low_var_kl",
+    "kl",
+    "mse",
+    "abs",
+    "k1+",
+    "k2+",
+    "k3+",
+    "low_var_kl+",
+    "kl+",
+    "mse+",
+    "abs+",
+]
+KlController = Literal["fixed", "adaptive"]
+OldLogProb = Literal["recompute", "fused"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+PolicyLoss = Literal["vanilla", "gspo", "cispo", "sapo", "gpg", "reinforce", "geo_mean", "clip_cov", "kl_cov"]
+IsLevel = Literal["token", "sequence"]
+RsLevel = Literal["token", "sequence", "geometric"]
+PfPpoReweight = Literal["pow", "max_min", "max_random"]
+RolloutEngine = Literal["vllm"]
+RewardBackend = Literal["megatron", "hf"]
+RewardKind = Literal["classifier", "embedding_similarity"]
+Launcher = Literal["ray", "torchrun"]
+LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
