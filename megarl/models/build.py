@@ -9,7 +9,7 @@ from megarl.distributed.layout import ParallelLayout
 from megarl.distributed.platform import platform
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.heads import attach_scalar_head
-from megarl.models.rotary import fused_rope_available
+from megarl.models.rotary import install_fused_rope
 
 
 def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
@@ -75,7 +75,7 @@ def build_model_chunks(
     config = arch.transformer_config(layout, dtype, recompute)
     spec = layer_spec(arch)
     config.use_te_activation_func = uses_spec_activation(spec)
-    config.apply_rope_fusion = fused_rope_available(config)  # megarl's torch kernel where TE has none
+    config.apply_rope_fusion = install_fused_rope(config)  # megarl's torch kernel where TE has none
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, layout.tp)
     chunks = []
     for vp_stage in range(layout.vpp or 1):

@@ -11,8 +11,8 @@ multiplies; here they are written straight into the output's halves, forward and
     dt₁  = g₁·cos₁ + g₂·sin₂      dt₂  = g₂·cos₂ − g₁·sin₁
 
 Packed (THD) sequences get their positions' frequencies in one gather instead of a slice and a cat
-per sequence. Megatron calls these through `config.apply_rope_fusion` (`fused_rope_available` says
-when the model builder sets it): non-interleaved RoPE, which is what the supported HF families use.
+per sequence. Megatron calls these through `config.apply_rope_fusion` (`install_fused_rope` puts them
+there and says whether the model builder sets it): non-interleaved RoPE, which is what the supported HF families use.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ def apply_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fa
     """megatron's `fused_apply_rotary_pos_emb`: t [s, b, heads, d], freqs [s, 1, 1, rot ≤ d]."""
     if interleaved:
         raise ValueError("megarl's RoPE kernel covers non-interleaved rotary only")
-    freqs = freqs[: t.shape[0]]
-    return _Rotate.apply(t, freqs.cos().to(t.dtype), freqs.sin().to(t.dtype))
+    return _rotate_by(t, freqs[: t.shape[0]])
 
 
 def apply_rope_thd(
@@ -74,7 +73,10 @@ def apply_rope_thd(
         lengths = cu_seqlens.diff().long()
         position = torch.arange(t.shape[0], device=t.device) - starts.repeat_interleave(lengths)
         freqs = freqs[position]
-    freqs = freqs.squeeze(1)  # [tokens, 1, rot]: broadcast over the heads
+    return _rotate_by(t, freqs.squeeze(1))  # [tokens, 1, rot]: broadcast over the heads
+
+
+def _rotate_by(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return _Rotate.apply(t, freqs.cos().to(t.dtype), freqs.sin().to(t.dtype))
 
 
@@ -92,7 +94,7 @@ def _cp_freqs(t, cu_seqlens, freqs, cp_size: int, cp_rank: int) -> torch.Tensor:
     )
 
 
-def fused_rope_available(config) -> bool:
+def install_fused_rope(config) -> bool:
     """Install the kernels in megatron's fused-RoPE slots where Transformer Engine left them empty, and
     say whether `config`'s rotary can use them (then the builder sets `config.apply_rope_fusion`)."""
     from megatron.core.models.common.embeddings import rope_utils
