@@ -273,6 +273,7 @@ def merge_rounds(launches: list[dict]) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from megarl.bench.peers.venv import peer_python
+    from megarl.observe.machine import cpu_model
 
     root = Path(args.out)
     python = peer_python("trl", root) if "trl" in args.sides else None
@@ -303,6 +304,7 @@ def run(args: argparse.Namespace) -> dict:
             sides[side] = {"raw": raw, "summary": summarize_side(raw)}
         entry = {
             "params": params,
+            "cpu": cpu_model(),
             "size": size.__dict__,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **sides,
@@ -351,7 +353,12 @@ def table(result: dict) -> str:
     launchers = sorted(
         {e["megarl"]["raw"].get("launcher", "ray") for e in result["sizes"].values() if "megarl" in e}
     )
+    # ratios move with the CPU (fp32 GEMMs: ~150 GF/s per core with AVX-512, ~72 with AVX2 only; 25m
+    # measured 2.16× on one, 1.54× on the other), so each size names the one it ran on
+    cpus = sorted({e.get("cpu", "not recorded") for e in result["sizes"].values()})
     lines += [
+        "",
+        f"CPU: {' / '.join(cpus)}.",
         "",
         f"megarl: 2 processes × 1 thread ({' / '.join(launchers) or 'torchrun'} launcher, plain data parallel "
         "(no ZeRO-1), vLLM rollout via the 3D-HybridEngine, compiled, no engine "

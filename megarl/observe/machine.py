@@ -35,7 +35,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "ram_gib": _ram_gib(),
         "gpus": _gpus(),
@@ -70,7 +70,8 @@ def role_layouts(cfg: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC"), else what `platform` knows."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
