@@ -277,6 +277,7 @@ def run(args: argparse.Namespace) -> dict:
 
     root = Path(args.out)
     python = peer_python("trl", root) if "trl" in args.sides else None
+    cpu = cpu_model()
     result = {"cores": os.cpu_count(), "warmup": args.warmup, "rounds": args.rounds, "sizes": {}}
     for name in args.sizes:
         size = SIZES[name]
@@ -304,7 +305,7 @@ def run(args: argparse.Namespace) -> dict:
             sides[side] = {"raw": raw, "summary": summarize_side(raw)}
         entry = {
             "params": params,
-            "cpu": cpu_model(),
+            "cpu": cpu,
             "size": size.__dict__,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **sides,
@@ -353,8 +354,8 @@ def table(result: dict) -> str:
     launchers = sorted(
         {e["megarl"]["raw"].get("launcher", "ray") for e in result["sizes"].values() if "megarl" in e}
     )
-    # ratios move with the CPU (fp32 GEMMs: ~150 GF/s per core with AVX-512, ~72 with AVX2 only; 25m
-    # measured 2.16× on one, 1.54× on the other), so each size names the one it ran on
+    # ratios move with the CPU (fp32 GEMMs, the floor both sides share, run at about half the rate
+    # without AVX-512), so each size names the one it ran on; a merged file may hold several
     cpus = sorted({e.get("cpu", "not recorded") for e in result["sizes"].values()})
     lines += [
         "",

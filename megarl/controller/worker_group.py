@@ -95,6 +95,28 @@ def _import_root(cls: type) -> str:
     return str(Path(module.__file__).resolve().parents[cls.__module__.count(".")])
 
 
+# how long a rank's exception waits for news of a dead peer before it is reported as the cause (a
+# failure whose peers stay blocked in a collective is reported this much later)
+_DEAD_PEER_GRACE_S = 5.0
+
+
+def _root_failure(pending: dict, rank: int, error: Exception) -> tuple[int, Exception]:
+    """(rank, error) to blame: a rank's exception inside a collective (gloo's "connection reset by
+    peer") is often the echo of a peer whose process died; when a still-pending rank turns out dead
+    within a few seconds, that rank is the cause."""
+    if not isinstance(getattr(error, "cause", None) or error, RemoteError) or not pending:
+        return rank, error
+    done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_DEAD_PEER_GRACE_S)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as dead:
+            return pending[ref], dead
+        except (ray.exceptions.RayError, RemoteError):
+            pass
+    return rank, error
+
+
 class _RankActors:
     """The actors of one group (or of several colocated role views), and their fate."""
 
@@ -379,24 +401,3 @@ class RayWorkerGroup(WorkerGroup):
     def shutdown(self) -> None:
         """Tear down the workers and end their processes (for colocated views: every role's)."""
         self._actors.shutdown()
-
-
-# how long a rank's exception waits for news of a dead peer before it is reported as the cause
-_DEAD_PEER_GRACE_S = 5.0
-
-
-def _root_failure(pending: dict, rank: int, error: Exception) -> tuple[int, Exception]:
-    """(rank, error) to blame: a rank's exception inside a collective (gloo's "connection reset by
-    peer") is often the echo of a peer whose process died; when a still-pending rank turns out dead
-    within a few seconds, that rank is the cause."""
-    if not isinstance(getattr(error, "cause", None) or error, RemoteError) or not pending:
-        return rank, error
-    done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_DEAD_PEER_GRACE_S)
-    for ref in done:
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayActorError as dead:
-            return pending[ref], dead
-        except (ray.exceptions.RayError, RemoteError):
-            pass
-    return rank, error
