@@ -15,6 +15,8 @@ BASE = [
     "tensorboard",
     "rich",
     "matplotlib",  # megarl report: PNG curves (Agg canvas, headless)
+    "numpy",  # megarl/models/cpu_gemm.py multiplies through the OpenBLAS numpy's PyPI wheels bundle
+    "threadpoolctl",  # ... and sets that OpenBLAS's thread count
     "psutil",  # memory readings (platform, megarl bench); megatron's dist-checkpoint save imports it undeclared
 ]
 

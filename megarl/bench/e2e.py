@@ -273,11 +273,13 @@ def merge_rounds(launches: list[dict]) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from megarl.bench.peers.venv import peer_python
+    from megarl.models.cpu_gemm import openblas_chosen
     from megarl.observe.machine import cpu_model
 
     root = Path(args.out)
     python = peer_python("trl", root) if "trl" in args.sides else None
     cpu = cpu_model()
+    gemm = "openblas" if openblas_chosen() else "torch"  # megarl's linear layers (same choice in its ranks)
     result = {"cores": os.cpu_count(), "warmup": args.warmup, "rounds": args.rounds, "sizes": {}}
     for name in args.sizes:
         size = SIZES[name]
@@ -306,6 +308,7 @@ def run(args: argparse.Namespace) -> dict:
         entry = {
             "params": params,
             "cpu": cpu,
+            "gemm": gemm,
             "size": size.__dict__,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **sides,
@@ -357,9 +360,11 @@ def table(result: dict) -> str:
     # ratios move with the CPU (fp32 GEMMs, the floor both sides share, run at about half the rate
     # without AVX-512), so each size names the one it ran on; a merged file may hold several
     cpus = sorted({e.get("cpu", "not recorded") for e in result["sizes"].values()})
+    gemms = sorted({e.get("gemm", "torch") for e in result["sizes"].values()})
     lines += [
         "",
-        f"CPU: {' / '.join(cpus)}.",
+        f"CPU: {' / '.join(cpus)}; megarl's linear layers multiply with {' / '.join(gemms)} "
+        "(`MEGARL_CPU_GEMM`: OpenBLAS by default on AMD CPUs, where torch's MKL is the slower fp32 GEMM).",
         "",
         f"megarl: 2 processes × 1 thread ({' / '.join(launchers) or 'torchrun'} launcher, plain data parallel "
         "(no ZeRO-1), vLLM rollout via the 3D-HybridEngine, compiled, no engine "

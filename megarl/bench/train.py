@@ -193,6 +193,8 @@ def bench_rank(spec: dict) -> dict:
     import torch
     from transformers import AutoConfig
 
+    from megarl.models.cpu_gemm import cpu_gemm_name
+
     args = argparse.Namespace(**spec)
     torch.set_num_threads(args.threads)
     hf_config = AutoConfig.from_pretrained(args.model)
@@ -208,6 +210,7 @@ def bench_rank(spec: dict) -> dict:
     return {
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "gemm": cpu_gemm_name(),  # Megatron's linear layers (transformers always multiplies with torch's)
         "tokens": tokens,
         "model_flops": flops,
         "mfu": None
@@ -272,7 +275,8 @@ def table(result: dict) -> str:
         faults = r.get("page_faults")
         faults_text = "–" if faults is None else f"{faults['megatron']:,} / {faults['transformers']:,}"
         lines.append(
-            f"| {name} ({r['params'] / 1e6:.2f}M) | {r.get('device', 'cpu')}, {r.get('dtype', 'fp32')} "
+            f"| {name} ({r['params'] / 1e6:.2f}M) | {r.get('device', 'cpu')}, {r.get('dtype', 'fp32')}, "
+            f"Megatron's GEMM: {r.get('gemm', 'torch')} "
             f"| {r['tokens']} | {r['threads']} "
             f"| {spread_text(m, '{:.3f}')} | {spread_text(h, '{:.3f}')} "
             f"| {m['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | **{r['ratio_tokens_per_s']:.2f}×** | {mfu_text} | {faults_text} "

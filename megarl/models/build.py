@@ -7,6 +7,7 @@ import torch
 from megarl.config.schema import padded_vocab_size
 from megarl.distributed.layout import ParallelLayout
 from megarl.distributed.platform import platform
+from megarl.models.cpu_gemm import install_cpu_gemm
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.heads import attach_scalar_head
 from megarl.models.rotary import install_fused_rope
@@ -76,6 +77,7 @@ def build_model_chunks(
     spec = layer_spec(arch)
     config.use_te_activation_func = uses_spec_activation(spec)
     config.apply_rope_fusion = install_fused_rope(config)  # megarl's torch kernel where TE has none
+    install_cpu_gemm()  # OpenBLAS for the linear layers where it beats torch's MKL (AMD CPUs)
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, layout.tp)
     chunks = []
     for vp_stage in range(layout.vpp or 1):

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from megarl.models.cpu_gemm import openblas_chosen
+
 pytestmark = pytest.mark.multiproc
 
 
@@ -30,4 +32,6 @@ def test_bench_train_times_megatron_and_transformers_on_the_same_batch(tmp_path)
     assert tiny["tokens"] == 4 * 16 and tiny["device"] == "cpu" and tiny["mfu"] is None
     assert tiny["megatron"]["n"] == 2 and tiny["transformers"]["n"] == 2
     assert tiny["shim"]["intercepted_calls"] > 0 and tiny["model_flops"] > 0
-    assert "| tiny (0.85M) | cpu, fp32 | 64 |" in (tmp_path / "train.md").read_text()
+    gemm = "openblas" if openblas_chosen() else "torch"  # the rank decides as this process would
+    assert tiny["gemm"] == gemm
+    assert f"| tiny (0.85M) | cpu, fp32, Megatron's GEMM: {gemm} | 64 |" in (tmp_path / "train.md").read_text()

@@ -14,7 +14,15 @@ LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
 @pytest.fixture(scope="module")
 def parity(tiny_models, torchrun):
     args = [a for path in tiny_models.values() for a in ("--hf", path)] + ["--layouts", ",".join(LAYOUTS)]
-    return torchrun("megarl.models.verify", args, nproc=4).results
+    # Megatron's linear layers through OpenBLAS (megarl.models.cpu_gemm), the choice on AMD CPUs, on any
+    # CPU: HF's reference multiplies with torch's MKL, and torch's path is megatron's own code.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MEGARL_CPU_GEMM", "openblas")
+        return torchrun("megarl.models.verify", args, nproc=4).results
+
+
+def test_parity_ran_megatrons_linear_layers_through_openblas(parity):
+    assert {r["gemm"] for r in parity} == {"openblas"}
 
 
 def rows_of(parity, family):
