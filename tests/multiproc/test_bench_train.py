@@ -34,4 +34,6 @@ def test_bench_train_times_megatron_and_transformers_on_the_same_batch(tmp_path)
     assert tiny["shim"]["intercepted_calls"] > 0 and tiny["model_flops"] > 0
     gemm = "openblas" if openblas_chosen() else "torch"  # the rank decides as this process would
     assert tiny["gemm"] == gemm
-    assert f"| tiny (0.85M) | cpu, fp32, Megatron's GEMM: {gemm} | 64 |" in (tmp_path / "train.md").read_text()
+    assert (
+        f"| tiny (0.85M) | cpu, fp32, Megatron's GEMM: {gemm} | 64 |" in (tmp_path / "train.md").read_text()
+    )
