@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from megarl.distributed.platform import platform
+from megarl.observe.machine import cpuinfo_field
 
 _CHOICES = ("auto", "openblas", "torch")
 
@@ -38,14 +39,7 @@ def _openblas():
 
 
 def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("vendor_id")
 
 
 def openblas_chosen() -> bool:

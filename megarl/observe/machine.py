@@ -70,16 +70,21 @@ def role_layouts(cfg: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC"), else what `platform` knows."""
+def cpuinfo_field(name: str) -> str:
+    """The first `name` field of /proc/cpuinfo ("model name", "vendor_id"), or "" where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC"), else what `platform` knows."""
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def _ram_gib() -> float | None:
