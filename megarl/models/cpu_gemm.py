@@ -12,6 +12,10 @@ async_allreduce`, `linear_with_frozen_weight`: every Column/RowParallelLinear of
 output layer included) at `_Linear` for the case it covers: fp32 CPU tensors, no sequence parallelism,
 no deferred or fused weight gradients; anything else goes to megatron's own. `$MEGARL_CPU_GEMM` picks:
 `auto` (default: OpenBLAS on AMD CPUs), `openblas`, or `torch`.
+
+OpenBLAS's sums differ in the last bit with its thread count and the operands' shapes (MKL's here do not
+with the thread count): runs with OpenBLAS GEMMs repeat bit for bit at the same threads per rank and the
+same micro-batches, not across them. torchrun gives each rank 1 thread only when --nproc_per_node > 1.
 """
 
 from __future__ import annotations

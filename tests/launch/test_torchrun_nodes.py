@@ -19,9 +19,11 @@ TIMEOUT_S = 400
 
 
 def start_node(tiny_run: dict, out, nnodes: int, node_rank: int, nproc: int, port: int) -> subprocess.Popen:
+    # the "nodes" share this machine's cores, so 1 thread per rank in both runs (torchrun sets it only
+    # for --nproc_per_node > 1); OpenBLAS GEMMs' last bits also depend on it (models/cpu_gemm.py)
     env = {
         **os.environ,
-        **job_env(),
+        **job_env(OMP_NUM_THREADS="1"),
         "NNODES": str(nnodes),
         "NODE_RANK": str(node_rank),
         "NPROC_PER_NODE": str(nproc),
