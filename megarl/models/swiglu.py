@@ -6,7 +6,8 @@ autograd, whose backward of `chunk` concatenates the two half-gradients: one mor
 ffn] gradient and a fresh allocation of it per layer (torch.profiler's top non-GEMM op of a 25M model's CPU
 update, `aten::cat`). Here the same ops (`silu`, `mul`, `silu_backward`) write into the halves of one gradient
 tensor, so the results are bitwise those of autograd's; forward + backward at a 25M model's 64 × 147 tokens, 1
-thread: 180 → 136 ms per layer. Megatron calls it through `MLPSubmodules.activation_func` with
+thread: 180 → 136 ms per layer, and computing `grad · up` in d_gate's place (no temporary) takes the backward
+alone from 92 to 77 ms. Megatron calls it through `MLPSubmodules.activation_func` with
 `config.use_te_activation_func` set (the flag only means "apply the spec's activation module to the whole fc1
 output"; nothing of Transformer Engine is used).
 """
@@ -32,7 +33,10 @@ class _SwiGLU(torch.autograd.Function):
         dx = torch.empty_like(x)
         d_gate, d_up = dx.chunk(2, dim=-1)
         torch.mul(grad, activated, out=d_up)
-        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=d_gate)
+        # grad · up straight into d_gate, which silu_backward then scales in place (elementwise:
+        # reading and writing the same element is safe)
+        torch.mul(grad, up, out=d_gate)
+        torch.ops.aten.silu_backward.grad_input(d_gate, gate, grad_input=d_gate)
         return dx
 
 
