@@ -80,7 +80,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    program = "megarl.models.convert.rank_convert"
+    program = "megarl.checkpoint.convert_program"
     if Path(args.out).exists() and not args.overwrite:
         raise UsageError(
             f"--out {args.out} already exists; remove it, choose another --out or pass --overwrite"
@@ -110,9 +110,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def _mcore_to_hf(args: argparse.Namespace) -> int:
     """In this process: the export reads the dist-checkpoint layer by layer without megatron or ranks."""
-    from megarl.models.convert.export import export_checkpoint_hf
-    from megarl.models.convert.mcore_checkpoint import read_meta
-    from megarl.models.convert.run_checkpoints import resolve_role_checkpoint
+    from megarl.checkpoint.format import read_meta
+    from megarl.checkpoint.hf_export import export_checkpoint_hf
+    from megarl.checkpoint.paths import resolve_role_checkpoint
     from megarl.models.convert.safetensors_shards import parse_size
 
     try:
@@ -384,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.checkpoint.format import CheckpointError
     from megarl.config.errors import ConfigError
-    from megarl.models.convert.mcore_checkpoint import CheckpointError
     from megarl.models.from_hf import UnsupportedModelError
 
     parser = build_parser()

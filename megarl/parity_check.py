@@ -64,12 +64,12 @@ def run_parity_check(out: Path) -> int:
     start = _step(3, "qwen2: HF -> megatron dist-checkpoint (TP2xPP2) -> HF")
     ckpt, back = out / "qwen2_mcore_tp2pp2", out / "qwen2_hf_roundtrip"
     to_mcore = launch_rank_program(
-        "megarl.models.convert.rank_convert",
+        "megarl.checkpoint.convert_program",
         ["hf-to-mcore", "--hf", str(models["qwen2"]), "--out", str(ckpt), "--tp", "2", "--pp", "2"],
         nproc=4,
     )
     to_hf = launch_rank_program(
-        "megarl.models.convert.rank_convert", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(back)], 1
+        "megarl.checkpoint.convert_program", ["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(back)], 1
     )
     identical = (
         to_mcore.returncode == 0 and to_hf.returncode == 0 and round_trip_identical(models["qwen2"], back)

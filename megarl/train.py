@@ -83,6 +83,8 @@ JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo")  # `train` = RL; t
 
 def run(config: str, overrides: list[str], job: str = "train") -> int:
     """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
+    from megarl.checkpoint.format import CheckpointError
+    from megarl.checkpoint.run import ResumeError
     from megarl.config import load_config
     from megarl.config.errors import ConfigError
     from megarl.config.validate_algorithm import RL_ALGORITHMS
@@ -91,10 +93,8 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
     from megarl.controller.resource_pool import ResourcePoolError
     from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
-    from megarl.models.convert.mcore_checkpoint import CheckpointError
     from megarl.rewards.custom import RewardError
     from megarl.trainer.bad_steps import BadStepsError
-    from megarl.trainer.checkpoint import ResumeError
     from megarl.trainer.dataflow import DataflowError
     from megarl.trainer.rl_stages import DynamicSamplingError
 

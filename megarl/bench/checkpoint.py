@@ -33,9 +33,9 @@ def bench_rank(spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
+    from megarl.checkpoint.manifest import read_manifest, verify_collective
     from megarl.config.roles import role_spec
     from megarl.config.schema import MegarlConfig
-    from megarl.models.convert.manifest import read_manifest, verify_collective
     from megarl.models.forward import run_microbatches, vocab_parallel_log_probs
     from megarl.workers.actor import ActorWorker
 

@@ -142,8 +142,8 @@ def _fresh_engine(worker, cfg, plan, export_dir: str) -> list[dict]:
     then start a new engine from them (the in-place engine closed first)."""
     import torch.distributed as dist
 
+    from megarl.checkpoint.hf_export import export_hf
     from megarl.config.roles import rollout_spec
-    from megarl.models.convert.export import export_hf
     from megarl.rollout.vllm import VLLMRollout
 
     dist.barrier()

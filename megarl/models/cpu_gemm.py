@@ -27,8 +27,8 @@ import os
 import numpy as np
 import torch
 
+from megarl.distributed.cpuinfo import cpuinfo_field
 from megarl.distributed.platform import platform
-from megarl.observe.machine import cpuinfo_field
 
 _CHOICES = ("auto", "openblas", "torch")
 

@@ -18,6 +18,7 @@ from importlib import metadata
 from typing import Any
 
 from megarl.config.validate_algorithm import RL_ALGORITHMS
+from megarl.distributed.cpuinfo import cpuinfo_field
 
 # distributions whose versions matter for a run's numbers; the first installed name of each entry is used
 _VERSIONED = {
@@ -68,18 +69,6 @@ def role_layouts(cfg: Any) -> dict[str, dict[str, Any]]:
     if cfg.algorithm.name in RL_ALGORITHMS:  # the offline trainers have no rollout
         out["rollout"] = {"engine": cfg.rollout.engine, "tp": cfg.rollout.tp, "n": cfg.rollout.n}
     return out
-
-
-def cpuinfo_field(name: str) -> str:
-    """The first `name` field of /proc/cpuinfo ("model name", "vendor_id"), or "" where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(name):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def cpu_model() -> str:

@@ -10,7 +10,7 @@ every trainer.eval_every steps and after the last. `<output_dir>/summary.json` h
 step's metrics and the checkpoint path, and `report/report.md` the curves (logging.report). A subclass loads its examples and defines one step and the
 validation; everything else — workers, logging, profiling, checkpoints, shutdown — is here.
 
-Checkpoints are the RL trainer's (megarl.trainer.checkpoint): `trainer.save_every` /
+Checkpoints are the RL trainer's (megarl.checkpoint.run): `trainer.save_every` /
 `trainer.max_checkpoints` write `<output_dir>/checkpoints/step_<N>/actor/` (weights, optimizer, LR
 schedule, RNG) atomically, and `trainer.resume` (auto by default) continues a run from one: the data
 position is the step itself (the order is fixed by data.seed and the epoch), checked against the data
@@ -24,14 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from megarl.config.schema import MegarlConfig
-from megarl.data.files import DataError
-from megarl.data.sft import batches
-from megarl.observe.profiling import StepProfiler
-from megarl.observe.progress import ProgressLog
-from megarl.observe.report import try_write_report
-from megarl.observe.run_files import SUMMARY, write_run_files
-from megarl.trainer.checkpoint import (
+from megarl.checkpoint.run import (
     ResumeError,
     RunCheckpoints,
     check_job,
@@ -41,6 +34,13 @@ from megarl.trainer.checkpoint import (
     resolve_resume,
     save_due,
 )
+from megarl.config.schema import MegarlConfig
+from megarl.data.files import DataError
+from megarl.data.sft import batches
+from megarl.observe.profiling import StepProfiler
+from megarl.observe.progress import ProgressLog
+from megarl.observe.report import try_write_report
+from megarl.observe.run_files import SUMMARY, write_run_files
 from megarl.trainer.roles import build_roles, is_writer_process
 
 

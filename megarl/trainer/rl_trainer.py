@@ -23,18 +23,7 @@ from typing import Any, TextIO
 import torch
 
 from megarl.algorithms.aggregate import masked_mean
-from megarl.config.schema import MegarlConfig
-from megarl.config.validate import resolve_auto
-from megarl.config.validate_algorithm import fused_old_log_prob_blockers
-from megarl.controller.rank_status import RANK_STATUS, RESUME_ADVICE
-from megarl.controller.worker import WorkerError
-from megarl.observe.profiling import StepProfiler
-from megarl.observe.progress import ProgressLog
-from megarl.observe.report import try_write_report
-from megarl.observe.run_files import read_metrics, write_run_files
-from megarl.protocol import Batch, Col
-from megarl.trainer.bad_steps import BadStepCounter
-from megarl.trainer.checkpoint import (
+from megarl.checkpoint.run import (
     RL_JOB,
     ResumeError,
     RunCheckpoints,
@@ -47,6 +36,17 @@ from megarl.trainer.checkpoint import (
     restore_rng,
     save_due,
 )
+from megarl.config.schema import MegarlConfig
+from megarl.config.validate import resolve_auto
+from megarl.config.validate_algorithm import fused_old_log_prob_blockers
+from megarl.controller.rank_status import RANK_STATUS, RESUME_ADVICE
+from megarl.controller.worker import WorkerError
+from megarl.observe.profiling import StepProfiler
+from megarl.observe.progress import ProgressLog
+from megarl.observe.report import try_write_report
+from megarl.observe.run_files import read_metrics, write_run_files
+from megarl.protocol import Batch, Col
+from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process

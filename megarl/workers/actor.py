@@ -214,7 +214,7 @@ class ActorWorker(MegatronWorker):
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> str:
         """Write the current weights as a Hugging Face checkpoint at `out_dir` (collective); returns it."""
-        from megarl.models.convert.export import export_hf
+        from megarl.checkpoint.hf_export import export_hf
 
         self.check_loaded()
         return str(export_hf(self.chunks, self.arch, self.spec.model.path, out_dir))

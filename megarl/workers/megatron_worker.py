@@ -138,9 +138,9 @@ class MegatronWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, role_dir: str, meta: dict | None = None) -> dict:
         """Write this role's full training state (weights, optimizer, LR schedule, RNG, `_extra_state`)
-        into `role_dir` (megarl.models.train_checkpoint); `meta` adds entries to its
+        into `role_dir` (megarl.checkpoint.role); `meta` adds entries to its
         megarl_checkpoint.json. Collective; returns this rank's {rank, seconds, bytes_written}."""
-        from megarl.models.train_checkpoint import save_train_state
+        from megarl.checkpoint.role import save_train_state
 
         if self.optimizer is None:
             raise ValueError(
@@ -172,7 +172,7 @@ class MegatronWorker(Worker):
         CheckpointError before changing anything when the checkpoint is incomplete, corrupt or of
         another model. Returns a report: what was loaded, rng "restored" or "reseeded (layout changed)",
         seconds."""
-        from megarl.models.train_checkpoint import load_train_state
+        from megarl.checkpoint.role import load_train_state
 
         self.check_loaded()
         report = load_train_state(

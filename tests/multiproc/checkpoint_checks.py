@@ -20,10 +20,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megarl.checkpoint.format import CheckpointError
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.layout import ParallelLayout
-from megarl.models.convert.mcore_checkpoint import CheckpointError
 from megarl.models.forward import run_microbatches, vocab_parallel_log_probs
 from megarl.workers.actor import ActorWorker
 

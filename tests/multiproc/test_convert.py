@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from megarl.checkpoint.manifest import write_manifest
 from megarl.models.convert.hf_io import HFCheckpointReader
-from megarl.models.convert.manifest import write_manifest
 
 pytestmark = pytest.mark.multiproc
 

@@ -68,7 +68,7 @@ def write_hf_weights(
     out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], max_shard_size: int | str = "5GB"
 ) -> None:
     """Write in-memory (name, tensor) pairs as HF safetensors shards of at most `max_shard_size`, plus
-    the index when there are several (the streaming writers are in export.py)."""
+    the index when there are several (the streaming writers are in megarl/checkpoint/hf_export.py)."""
     tensors = list(tensors)
     plan = plan_shards([[TensorSpec.of(n, t) for n, t in tensors]], parse_size(max_shard_size))
     out_dir = Path(out_dir)

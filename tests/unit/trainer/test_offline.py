@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from megarl.checkpoint.run import RL_JOB, ResumeError, check_job
 from megarl.data.files import DataError
-from megarl.trainer.checkpoint import RL_JOB, ResumeError, check_job
 from megarl.trainer.offline import offline_batch_size
 
 

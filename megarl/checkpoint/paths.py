@@ -17,7 +17,7 @@ from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
-META_FILE = "megarl_checkpoint.json"  # a megarl checkpoint directory's metadata (mcore_checkpoint)
+META_FILE = "megarl_checkpoint.json"  # a megarl checkpoint directory's metadata (megarl.checkpoint.format)
 PARTIAL_SUFFIX = ".partial"  # a directory being written, renamed into place when complete
 _STEP = re.compile(r"^step_(\d+)$")
 

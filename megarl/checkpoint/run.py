@@ -7,7 +7,7 @@ to resume from.
         trainer_state.json   step, data position, KL controller, prompt-uid counter, bad steps, best
                              validation score, the driver's RNG states
         config.yaml          the resolved config of the run that saved it
-        actor/  critic/      each trained role's checkpoint (megarl.models.checkpoint): weights, optimizer,
+        actor/  critic/      each trained role's checkpoint (megarl.checkpoint.role): weights, optimizer,
                              LR schedule, per-rank RNG — `megarl convert mcore-to-hf` reads actor/ directly
       step_8.partial/        a save in progress or one that was interrupted: never resumed from; the next
                              save removes it
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.atomic_write import write_text_atomically
-from megarl.models.convert.run_checkpoints import (
+from megarl.checkpoint.paths import (
     CHECKPOINTS_DIR,
     LATEST_FILE,
     PARTIAL_SUFFIX,
@@ -132,11 +132,11 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
     """Before any worker starts: each trained role's checkpoint is complete (every file of its manifest
     present at its size) and of the model the config builds for that role (architecture, vocabulary).
     The workers then verify the checksums, split over their ranks, when they load."""
+    from megarl.checkpoint import manifest as mf
+    from megarl.checkpoint.format import CheckpointError, read_meta
+    from megarl.checkpoint.role import check_fingerprint
     from megarl.config.roles import role_spec
-    from megarl.models.convert import manifest as mf
-    from megarl.models.convert.mcore_checkpoint import CheckpointError, read_meta
     from megarl.models.from_hf import ModelArchitecture
-    from megarl.models.train_checkpoint import check_fingerprint
 
     for role in (r for r in roles if r in TRAINED_ROLES):
         role_dir = step_dir / role
@@ -157,7 +157,7 @@ def capture_rng() -> dict[str, Any]:
     """The driver's Python, NumPy and torch (CPU) RNG states, as JSON (the workers save their own)."""
     import torch
 
-    from megarl.models.rng_state import python_numpy_state
+    from megarl.checkpoint.rng_state import python_numpy_state
 
     return {**python_numpy_state(), "torch": torch.get_rng_state().tolist()}
 
@@ -165,7 +165,7 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     import torch
 
-    from megarl.models.rng_state import restore_python_numpy
+    from megarl.checkpoint.rng_state import restore_python_numpy
 
     restore_python_numpy(state)
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))

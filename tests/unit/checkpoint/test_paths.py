@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from megarl.models.convert import mcore_checkpoint
-from megarl.models.convert.run_checkpoints import (
+from megarl.checkpoint import format as checkpoint_format
+from megarl.checkpoint.paths import (
     META_FILE,
     CheckpointNotFoundError,
     complete_steps,
@@ -35,8 +35,8 @@ def run(tmp_path) -> Path:
 
 
 def test_constants_agree_with_the_checkpoint_writer(tmp_path):
-    assert META_FILE == mcore_checkpoint.META_FILE
-    assert mcore_checkpoint.partial_dir(tmp_path / "step_3").name == "step_3.partial"
+    assert META_FILE == checkpoint_format.META_FILE
+    assert checkpoint_format.partial_dir(tmp_path / "step_3").name == "step_3.partial"
 
 
 @pytest.mark.parametrize("given", ["", "checkpoints", "checkpoints/latest", "checkpoints/step_6"])

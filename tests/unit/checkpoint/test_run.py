@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from megarl.trainer.checkpoint import (
+from megarl.checkpoint.run import (
     ResumeError,
     RunCheckpoints,
     capture_rng,

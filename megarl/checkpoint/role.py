@@ -28,11 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megarl.controller import faults
-from megarl.distributed.layout import ParallelLayout
-from megarl.models import rng_state
-from megarl.models.convert import manifest as mf
-from megarl.models.convert.mcore_checkpoint import (
+from megarl.checkpoint import manifest as mf
+from megarl.checkpoint import rng_state
+from megarl.checkpoint.format import (
     CheckpointError,
     _sharded_state,
     load_model,
@@ -40,7 +38,9 @@ from megarl.models.convert.mcore_checkpoint import (
     read_meta,
     save_model,
 )
-from megarl.models.convert.safe_load import no_code_unpickling
+from megarl.checkpoint.safe_load import no_code_unpickling
+from megarl.controller import faults
+from megarl.distributed.layout import ParallelLayout
 from megarl.models.from_hf import ModelArchitecture
 
 OPTIMIZER_DIR = "optimizer"

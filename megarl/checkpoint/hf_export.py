@@ -24,19 +24,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megarl.models.convert import llama
-from megarl.models.convert import manifest as mf
-from megarl.models.convert.dist_reader import DistCheckpointReader, checkpoint_megatron_tensors
-from megarl.models.convert.hf_io import copy_hf_metadata
-from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
-from megarl.models.convert.mcore_checkpoint import (
+from megarl.checkpoint import manifest as mf
+from megarl.checkpoint.dist_reader import DistCheckpointReader, checkpoint_megatron_tensors
+from megarl.checkpoint.format import (
     CheckpointError,
     begin_write,
     finish_write,
     partial_dir,
     read_meta,
 )
-from megarl.models.convert.safe_load import no_code_unpickling
+from megarl.checkpoint.safe_load import no_code_unpickling
+from megarl.models.convert import llama
+from megarl.models.convert.hf_io import copy_hf_metadata
+from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
 from megarl.models.convert.safetensors_shards import (
     DEFAULT_MAX_SHARD_SIZE,
     ShardWriter,

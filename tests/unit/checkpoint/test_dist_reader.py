@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from megarl.models.convert.dist_reader import Box, DistCheckpointReader
+from megarl.checkpoint.dist_reader import Box, DistCheckpointReader
 
 pytestmark = pytest.mark.unit
 

@@ -9,13 +9,13 @@ import time
 
 import torch.distributed as dist
 
+from megarl.checkpoint import format as ckpt
+from megarl.checkpoint.hf_export import export_checkpoint_hf
+from megarl.checkpoint.paths import resolve_role_checkpoint
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
-from megarl.models.convert import mcore_checkpoint as ckpt
-from megarl.models.convert.export import export_checkpoint_hf
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import load_hf_into_chunks
-from megarl.models.convert.run_checkpoints import resolve_role_checkpoint
 from megarl.models.convert.safetensors_shards import DEFAULT_MAX_SHARD_SIZE
 from megarl.models.dtypes import DTYPE_NAMES, from_hf_name
 from megarl.models.from_hf import ModelArchitecture
@@ -59,7 +59,7 @@ def mcore_to_hf(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(prog="megarl.models.convert.rank_convert", description=__doc__)
+    parser = argparse.ArgumentParser(prog="megarl.checkpoint.convert_program", description=__doc__)
     sub = parser.add_subparsers(dest="mode", required=True)
     to_mcore = sub.add_parser("hf-to-mcore")
     to_mcore.add_argument("--hf", required=True)

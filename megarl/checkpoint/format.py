@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megarl.checkpoint.paths import META_FILE, PARTIAL_SUFFIX
 from megarl.distributed.layout import ParallelLayout
-from megarl.models.convert.run_checkpoints import META_FILE, PARTIAL_SUFFIX
 
 FORMAT_VERSION = 1
 
@@ -128,7 +128,7 @@ def load_model(chunks: list[torch.nn.Module], ckpt_dir: str | Path) -> None:
     files runs: `safe_load.no_code_unpickling`)."""
     from megatron.core import dist_checkpointing
 
-    from megarl.models.convert.safe_load import no_code_unpickling
+    from megarl.checkpoint.safe_load import no_code_unpickling
 
     with no_code_unpickling():
         state = dist_checkpointing.load(_sharded_state(chunks), str(Path(ckpt_dir) / "model"))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from megarl.models.convert import manifest as mf
-from megarl.models.convert.mcore_checkpoint import CheckpointError
+from megarl.checkpoint import manifest as mf
+from megarl.checkpoint.format import CheckpointError
 from megarl.models.from_hf import ModelArchitecture
 
 pytestmark = pytest.mark.unit
@@ -78,7 +78,7 @@ def _arch(**overrides) -> ModelArchitecture:
 
 
 def test_fingerprint_mismatch_names_the_fields_and_what_to_do():
-    from megarl.models.train_checkpoint import check_fingerprint, fingerprint
+    from megarl.checkpoint.role import check_fingerprint, fingerprint
 
     meta = {"architecture": fingerprint(_arch())}
     check_fingerprint(meta, _arch(), "ckpt/step_4/actor", "m")  # same model: fine
@@ -95,7 +95,7 @@ def test_fingerprint_mismatch_names_the_fields_and_what_to_do():
 
 
 def test_rng_state_round_trips_through_json_and_safetensors(tmp_path):
-    from megarl.models import rng_state
+    from megarl.checkpoint import rng_state
 
     random.seed(3)
     np.random.seed(4)
@@ -130,7 +130,7 @@ def test_dcp_metadata_unpickler_refuses_code_and_reads_metadata():
         TensorStorageMetadata,
     )
 
-    from megarl.models.convert.safe_load import _MetadataUnpickler
+    from megarl.checkpoint.safe_load import _MetadataUnpickler
 
     meta = Metadata(
         state_dict_metadata={
@@ -150,7 +150,7 @@ def test_dcp_metadata_unpickler_refuses_code_and_reads_metadata():
 
 
 def test_no_code_unpickling_forces_weights_only_torch_load(tmp_path):
-    from megarl.models.convert.safe_load import no_code_unpickling
+    from megarl.checkpoint.safe_load import no_code_unpickling
 
     path = tmp_path / "evil.pt"
     torch.save(_Evil(), path)

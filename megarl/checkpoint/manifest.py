@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from megarl.models.convert.mcore_checkpoint import CheckpointError
+from megarl.checkpoint.format import CheckpointError
 
 MANIFEST_FILE = "manifest.json"
 _READ_BYTES = 8 << 20

@@ -9,10 +9,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
+from megarl.checkpoint.format import META_FILE
+from megarl.checkpoint.hf_export import export_checkpoint_hf
 from megarl.models.convert import llama
-from megarl.models.convert.export import export_checkpoint_hf
 from megarl.models.convert.hf_io import HFCheckpointReader, copy_hf_metadata
-from megarl.models.convert.mcore_checkpoint import META_FILE
 from megarl.models.from_hf import ModelArchitecture
 
 pytestmark = pytest.mark.unit
@@ -71,8 +71,8 @@ def test_a_truncated_shard_or_a_code_carrying_metadata_is_refused_by_name(tiny_m
     import os
     import pickle
 
-    from megarl.models.convert.manifest import write_manifest
-    from megarl.models.convert.mcore_checkpoint import CheckpointError
+    from megarl.checkpoint.format import CheckpointError
+    from megarl.checkpoint.manifest import write_manifest
 
     ckpt = fake_megatron_checkpoint(tiny_models["llama"], tmp_path / "ckpt")
     write_manifest(ckpt)  # as a run's role checkpoint has

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from megarl.models.convert.mcore_checkpoint import CheckpointError
+from megarl.checkpoint.format import CheckpointError
 
 RNG_DIR = "rng"
 _TRACKER, _EXTRA, _CUDA = "tracker.", "extra.", "cuda."
