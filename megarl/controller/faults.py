@@ -5,7 +5,7 @@
     kill@actor.update#2/1                           SIGKILL rank 1 at its 2nd actor.update call
     hang@actor.generate#1/1                         rank 1 sleeps forever in its 1st actor.generate
     raise@critic.values                             every critic.values call raises RuntimeError
-    nan@actor.update#2-3                            the loss of actor.update calls 2 and 3 is NaN, every rank
+    nan@actor.update#2-3                            actor.update calls 2 and 3 compute a NaN loss, every rank
     kill@actor.save_checkpoint:model_written#2/1    rank 1 dies at that named point of its 2nd save
 
 KIND: kill | hang | raise | nan. TARGET: `role.method` (a dispatched worker call) or
@@ -13,8 +13,9 @@ KIND: kill | hang | raise | nan. TARGET: `role.method` (a dispatched worker call
 CALLS: `N` or `N-M`, 1-based, counted per target and rank (default: every call). RANK: the worker's
 rank in its group (default: every rank).
 
-Workers call `on_call` before every dispatched method (`Worker.execute`), loss functions ask
-`poisoned`, and code with named points calls `point`. Without `MEGARL_FAULT` each costs a dict lookup.
+Workers call `on_call` before every dispatched method and run it under `nan_forward`
+(`Worker.execute`), and code with named points calls `point`: the code under test never asks. Without
+`MEGARL_FAULT` each costs a dict lookup.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import signal
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 ENV = "MEGARL_FAULT"
@@ -119,13 +122,42 @@ def point(role: str, name: str, rank: int) -> None:
 
 
 def poisoned(role: str, method: str, rank: int) -> bool:
-    """Whether the current `role.method` call on `rank` has a nan fault: its loss must become NaN."""
+    """Whether the current `role.method` call on `rank` has a nan fault (`nan_forward` makes its loss NaN)."""
     faults = active()
     if not faults:
         return False
     target = f"{role}.{method}"
     call = _calls[(target, rank)]
     return any(f.kind == "nan" and f.applies(target, call, rank) for f in faults)
+
+
+@contextmanager
+def nan_forward(role: str, method: str, rank: int) -> Iterator[None]:
+    """Run the current `role.method` call on `rank`; when a nan fault names it, every module output
+    that takes part in a backward is NaN inside it, so the call's loss and gradient norm are NaN on this
+    rank and its optimizer skips the update, as after a real overflow."""
+    if not poisoned(role, method, rank):
+        yield
+        return
+    import torch
+
+    nan = float("nan")
+
+    def poison(module, args, output):
+        # out of place: a module may return one of its parameters (megatron's skip_bias_add bias)
+        if isinstance(output, torch.Tensor):
+            return output * nan if output.requires_grad else None
+        if type(output) in (tuple, list):  # megatron's (output, bias) pairs
+            return type(output)(
+                o * nan if isinstance(o, torch.Tensor) and o.requires_grad else o for o in output
+            )
+        return None
+
+    handle = torch.nn.modules.module.register_module_forward_hook(poison)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _hit(target: str, rank: int) -> None:

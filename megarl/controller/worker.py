@@ -89,7 +89,7 @@ class Worker:
         role = role or getattr(self, "role", type(self).__name__)
         try:
             faults.on_call(role, method_name, self.env.rank)  # MEGARL_FAULT (tests of failures)
-            with RANK_PROFILER.timed(role, method_name):
+            with RANK_PROFILER.timed(role, method_name), faults.nan_forward(role, method_name, self.env.rank):
                 return getattr(self, method_name)(*args, **kwargs)
         except Exception as e:
             raise RemoteError(

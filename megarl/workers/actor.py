@@ -26,7 +26,6 @@ from megarl.algorithms.loss_traits import LOSS_PARAMS
 from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
 from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings
 from megarl.config.roles import RoleSpec
-from megarl.controller import faults
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import vocab_parallel_entropy
 from megarl.protocol import Batch, Col
@@ -141,7 +140,7 @@ class ActorWorker(MegatronWorker):
             kl = aggregate(kl, mask, algo.loss_agg_mode, **counts.agg())
             loss = loss + algo.kl_loss_coef * kl
             out["actor/kl_loss"] = kl.detach()
-        return loss * float("nan") if faults.poisoned(self.role, "update", self.env.rank) else loss, out
+        return loss, out
 
     def _old_log_prob_metrics(self, mb, old, selected, mask, counts: GlobalCounts) -> dict[str, torch.Tensor]:
         """What the old_log_prob stage logs, from the update's forward: the mean entropy and, when the batch

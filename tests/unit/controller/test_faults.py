@@ -89,3 +89,27 @@ def test_no_env_means_no_fault_and_no_counting(monkeypatch):
     faults.reset()
     faults.on_call("actor", "update", 0)
     assert not faults.poisoned("actor", "update", 0) and not faults._calls
+
+
+def test_a_nan_call_computes_a_nan_loss_and_leaves_the_weights_and_later_calls_clean(fault_env):
+    import torch
+
+    fault_env("nan@actor.update#2/1")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    weights = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(3, 4)
+    seen = []
+    for rank in (1, 0, 0, 1, 1):  # rank 1's calls 1, 2, 3; rank 0's 1, 2
+        faults.on_call("actor", "update", rank)
+        with faults.nan_forward("actor", "update", rank):
+            model.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            with torch.no_grad():
+                inference = model(x)  # outputs outside any backward stay as they are
+        norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
+        seen.append((loss.isnan().item(), norm.isnan().item(), inference.isnan().any().item()))
+    nan, clean = (True, True, False), (False, False, False)
+    assert seen == [clean, clean, clean, nan, clean]
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
