@@ -86,7 +86,9 @@ class MegatronWorker(Worker):
     # ---- offload -------------------------------------------------------------------------------------
 
     @register(Dispatch.ONE_TO_ALL)
-    def offload(self, params: bool | None = None, grads: bool | None = None, optimizer: bool | None = None):
+    def offload(
+        self, params: bool | None = None, grads: bool | None = None, optimizer: bool | None = None
+    ) -> list[dict]:
         """Move parameters / gradients / optimizer state off the compute device (None = this role's
         offload spec). Returns one report dict per state: bytes moved and the device memory (GPU
         allocated, or RSS on CPU) before and after."""
