@@ -175,7 +175,9 @@ def balance_stage(dp_size: int) -> Stage:
     return Stage("balance_batch", balance, reads=(Col.ATTENTION_MASK,), new_rows=True)
 
 
-def old_log_prob_stage(actor: ActorGroup, with_sum_pi_squared: bool = False, with_rollout: bool = False) -> Stage:
+def old_log_prob_stage(
+    actor: ActorGroup, with_sum_pi_squared: bool = False, with_rollout: bool = False
+) -> Stage:
     """The policy's own log-probs before the update (plus Σπ² per token for the optimal token baseline)
     and, `with_rollout` (the batch has the engine's log-probs), how far the engine's are from them."""
 

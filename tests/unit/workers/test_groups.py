@@ -30,7 +30,9 @@ HANDLES = [
 
 def collected(mode: Dispatch, returns: str) -> str:
     """The group method's return annotation for a worker method returning `returns` under `mode`."""
-    if mode == Dispatch.RANK_ZERO or (mode in (Dispatch.DP_COMPUTE, Dispatch.GEN_DP_COMPUTE) and returns == "Batch"):
+    if mode == Dispatch.RANK_ZERO or (
+        mode in (Dispatch.DP_COMPUTE, Dispatch.GEN_DP_COMPUTE) and returns == "Batch"
+    ):
         return returns
     return f"list[{returns}]"
 
@@ -43,7 +45,11 @@ def parameters(fn) -> list[tuple]:
 def test_handle_matches_its_worker_class(worker_cls, handle):
     assert registered_methods(handle) == registered_methods(worker_cls)
     for name, mode in registered_methods(worker_cls).items():
-        method, stub, future = getattr(worker_cls, name), getattr(handle, name), getattr(handle, f"{name}_async")
+        method, stub, future = (
+            getattr(worker_cls, name),
+            getattr(handle, name),
+            getattr(handle, f"{name}_async"),
+        )
         assert parameters(stub) == parameters(method), f"{handle.__name__}.{name}"
         assert parameters(future) == parameters(method), f"{handle.__name__}.{name}_async"
         returns = collected(mode, inspect.signature(method).return_annotation)
