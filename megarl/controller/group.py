@@ -10,6 +10,12 @@ Every `@register(mode)` method `m` of the worker class becomes `group.m(...)` (t
 and `group.m_async(...)` (a `GroupFuture`). A group has `role`, `world_size`, `rank_infos` (one
 `RankInfo` per rank, what dispatch splits by), `shutdown()`, and is a context manager.
 
+The methods are bound at run time, so code that calls them sees the group through its role's typed
+handle (`GroupHandle` here; `ActorGroup`, `CriticGroup`, ... in `megarl.workers.groups`):
+
+    actor = as_handle(make_worker_group("ray", pool, ActorWorker, "actor", kw), ActorGroup)
+    rollouts: Batch = actor.generate(prompts)   # a type checker and an IDE follow this into ActorWorker
+
 Backends: "ray" (`RayWorkerGroup`, one Ray actor per rank on a `ResourcePool`) and "spmd"
 (`SPMDWorkerGroup`, every torchrun rank is also the driver; the pool is unused and may be None, and an
 `_async` call has already run when it returns: its future is complete).
@@ -17,23 +23,47 @@ Backends: "ray" (`RayWorkerGroup`, one Ray actor per rank on a `ResourcePool`) a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from megarl.controller.dispatch import Dispatch, RankInfo, dispatch_mode_of
+from megarl.controller.dispatch import Dispatch, RankInfo, dispatch_mode_of, register
 
 Backend = Literal["ray", "spmd"]
 BACKENDS = ("ray", "spmd")
 
+T_co = TypeVar("T_co", covariant=True)
 
-class GroupFuture(Protocol):
+
+class GroupFuture(Protocol[T_co]):
     """A group call in flight (Ray) or already run (SPMD)."""
 
     def done(self) -> bool: ...
 
-    def result(self) -> Any:
+    def result(self) -> T_co:
         """The collected result; raises the call's WorkerError."""
         ...
+
+
+@runtime_checkable
+class GroupHandle(Protocol):
+    """The typed view of any role's group: what every `Worker` answers. Each stub is the group method
+    of the worker method of the same name, under the same `@register` mode, returning what that mode
+    collects (ONE_TO_ALL: one item per rank; DP_COMPUTE: the Batch, or one item per DP replica)."""
+
+    role: str
+    rank_infos: list[RankInfo]
+
+    @property
+    def world_size(self) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+    @register(Dispatch.ONE_TO_ALL)
+    def coordinates(self) -> list[dict[str, Any]]: ...
+    def coordinates_async(self) -> GroupFuture[list[dict[str, Any]]]: ...
+
+
+H = TypeVar("H", bound=GroupHandle)
 
 
 class _Method(Protocol):
@@ -86,6 +116,14 @@ class WorkerGroup:
             setattr(self, f"{name}_async", bound.submit)
 
 
+def as_handle(group: WorkerGroup, handle: type[H]) -> H:
+    """`group` as its role's typed handle; raises TypeError when its worker class lacks a method of it."""
+    if not isinstance(group, handle):
+        missing = sorted(name for name in registered_methods(handle) if not hasattr(group, name))
+        raise TypeError(f"the {group.role} group is no {handle.__name__}: it has no {', '.join(missing)}")
+    return group
+
+
 def make_worker_group(
     backend: Backend, pool: Any, cls: type, role: str, kwargs: dict | None = None, **options: Any
 ) -> WorkerGroup:
@@ -97,7 +135,7 @@ def make_worker_group(
 
 def make_colocated_groups(
     backend: Backend, pool: Any, roles: dict[str, tuple[type, dict]], **options: Any
-) -> dict[str, WorkerGroup]:
+) -> Mapping[str, WorkerGroup]:
     """Several roles in ONE process per rank (one torch.distributed world), {role: group}. Roles are
     built in order; the first initialises torch.distributed and megatron's layout. A failure in any
     role, or `shutdown()` of any of the groups, ends the shared processes and so every group."""

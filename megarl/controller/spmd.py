@@ -80,7 +80,7 @@ class _SPMDMethod:
                 ) from None
             outcome = ("error", e)
         RANK_STATUS.returned()
-        outcomes = [None] * len(self.rank_infos)
+        outcomes: list[Any] = [None] * len(self.rank_infos)
         try:
             dist.all_gather_object(outcomes, outcome)
         except Exception as e:  # a peer died, or did not arrive within the process group's timeout
@@ -174,8 +174,9 @@ class SPMDWorkerGroup(WorkerGroup):
         self._host = host
         self.role = role
         self.worker = host.workers[role]
-        self.rank_infos: list[RankInfo] = [None] * dist.get_world_size()
-        dist.all_gather_object(self.rank_infos, self.worker.rank_info())
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, self.worker.rank_info())
+        self.rank_infos: list[RankInfo] = gathered
         self._expose(worker_cls, lambda name, mode: _SPMDMethod(host, role, name, mode, self.rank_infos))
 
     @property

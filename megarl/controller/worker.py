@@ -53,7 +53,7 @@ class Worker:
     def rank_info(self) -> RankInfo:
         c = self.layout.coordinates(self.env.rank)
         last_stage = c.pp == self.layout.pp - 1
-        gen = {}
+        gen: dict[str, Any] = {}
         if self.rollout_tp is not None:
             plan = GenerationPlan.for_layout(self.layout, self.rollout_tp)
             gen = {
@@ -86,7 +86,7 @@ class Worker:
     def execute(self, method_name: str, args: tuple, kwargs: dict, role: str | None = None) -> Any:
         """Run one dispatched call of the group `role`; an exception comes back as a RemoteError naming
         this rank. While a step is profiled (`megarl.observe.profiling`), the call's seconds are recorded."""
-        role = role or getattr(self, "role", type(self).__name__)
+        role = role or str(getattr(self, "role", type(self).__name__))
         try:
             faults.on_call(role, method_name, self.env.rank)  # MEGARL_FAULT (tests of failures)
             with RANK_PROFILER.timed(role, method_name), faults.nan_forward(role, method_name, self.env.rank):

@@ -17,6 +17,7 @@ the group, so no process is left behind.
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import sys
@@ -92,7 +93,7 @@ def _master_address(first: Placement) -> tuple[str, int]:
 def _import_root(cls: type) -> str:
     """The sys.path entry that makes `cls`'s module importable (actors share this filesystem)."""
     module = sys.modules[cls.__module__]
-    return str(Path(module.__file__).resolve().parents[cls.__module__.count(".")])
+    return str(Path(inspect.getfile(module)).resolve().parents[cls.__module__.count(".")])
 
 
 # how long a rank's exception waits for news of a dead peer before it is reported as the cause (a

@@ -33,6 +33,8 @@ from megarl.data.batching import dp_balance_order, imbalance
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
+from megarl.trainer.roles import Roles
+from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup
 
 PROMPT_COLUMNS = (Col.PROMPTS, Col.ATTENTION_MASK)
 SEQUENCE_COLUMNS = (Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES, Col.RESPONSE_MASK)
@@ -59,7 +61,7 @@ def role_metrics(role: str, metrics: dict[str, float] | list[dict[str, float]]) 
     return out
 
 
-def generate_stage(actor: Any, log_probs: bool = False) -> Stage:
+def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
     """The rollouts, with the engine's log-probs when `log_probs` (rollout.calculate_log_probs)."""
 
     def generate(ctx: StepContext, prompts: Batch) -> Batch:
@@ -77,7 +79,7 @@ def generate_stage(actor: Any, log_probs: bool = False) -> Stage:
     return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True)
 
 
-def remax_baseline_stage(actor: Any, scoring: Callable[[], list[Stage]]) -> Stage:
+def remax_baseline_stage(actor: ActorGroup, scoring: Callable[[], list[Stage]]) -> Stage:
     """ReMax: the score of each prompt's greedy response (rollout.val sampling, which validation keeps
     greedy with n=1 for remax), scored by the flow's own scoring stages and carried to its samples."""
 
@@ -90,7 +92,7 @@ def remax_baseline_stage(actor: Any, scoring: Callable[[], list[Stage]]) -> Stag
     return Stage("remax_baseline", baseline, reads=PROMPT_COLUMNS, writes=(Col.BASELINE_SCORES,))
 
 
-def reward_model_stage(reward_model: Any) -> Stage:
+def reward_model_stage(reward_model: RewardModelGroup) -> Stage:
     def score(ctx: StepContext, batch: Batch) -> Batch:
         return reward_model.compute_rm_score(batch.select(SEQUENCE_COLUMNS))
 
@@ -173,7 +175,9 @@ def balance_stage(dp_size: int) -> Stage:
     return Stage("balance_batch", balance, reads=(Col.ATTENTION_MASK,), new_rows=True)
 
 
-def old_log_prob_stage(actor: Any, with_sum_pi_squared: bool = False, with_rollout: bool = False) -> Stage:
+def old_log_prob_stage(
+    actor: ActorGroup, with_sum_pi_squared: bool = False, with_rollout: bool = False
+) -> Stage:
     """The policy's own log-probs before the update (plus Σπ² per token for the optimal token baseline)
     and, `with_rollout` (the batch has the engine's log-probs), how far the engine's are from them."""
 
@@ -239,14 +243,14 @@ def rollout_correction_stage(cfg: MegarlConfig) -> Stage:
     )
 
 
-def ref_log_prob_stage(ref: Any) -> Stage:
+def ref_log_prob_stage(ref: RefGroup) -> Stage:
     def log_prob(ctx: StepContext, batch: Batch) -> Batch:
         return ref.ref_log_prob(batch.select(SEQUENCE_COLUMNS))
 
     return Stage("ref_log_prob", log_prob, reads=SEQUENCE_COLUMNS, writes=(Col.REF_LOG_PROBS,))
 
 
-def values_stage(critic: Any) -> Stage:
+def values_stage(critic: CriticGroup) -> Stage:
     def values(ctx: StepContext, batch: Batch) -> Batch:
         return critic.values(batch.select(SEQUENCE_COLUMNS))
 
@@ -256,6 +260,7 @@ def values_stage(critic: Any) -> Stage:
 def advantages_stage(cfg: MegarlConfig) -> tuple[Stage, KLController]:
     """Token rewards (scores, minus kl_coef·KL when algorithm.use_kl_in_reward) -> advantages, returns."""
     algo = cfg.algorithm
+    assert algo.adv_estimator is not None  # the config is resolved
     kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
     inputs = {
         "gae": (Col.VALUES,),
@@ -318,7 +323,7 @@ def pf_ppo_stage(cfg: MegarlConfig) -> Stage:
     return Stage("pf_ppo", resample, reads=(Col.SCORES, Col.ADVANTAGES), new_rows=True)
 
 
-def update_critic_stage(critic: Any) -> Stage:
+def update_critic_stage(critic: CriticGroup) -> Stage:
     def update(ctx: StepContext, batch: Batch) -> None:
         metrics = critic.update(batch.select([*SEQUENCE_COLUMNS, Col.VALUES, Col.RETURNS]))
         ctx.metrics.update(role_metrics("critic", metrics))
@@ -327,7 +332,7 @@ def update_critic_stage(critic: Any) -> Stage:
 
 
 def update_actor_stage(
-    actor: Any,
+    actor: ActorGroup,
     use_kl_loss: bool,
     with_is_weights: bool = False,
     fused_old_log_prob: bool = False,
@@ -349,7 +354,7 @@ def update_actor_stage(
 
 
 def build_rl_dataflow(
-    cfg: MegarlConfig, roles: Any, reward: Any, more_prompts: Callable[[], Batch] | None = None
+    cfg: MegarlConfig, roles: Roles, reward: Any, more_prompts: Callable[[], Batch] | None = None
 ) -> tuple[Dataflow, KLController]:
     """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
     `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it)."""
@@ -383,6 +388,7 @@ def build_rl_dataflow(
     if rc.bypass_mode:
         stages.append(bypass_old_log_prob_stage())
     elif not fused:
+        assert algo.adv_estimator is not None  # the config is resolved
         needs_pi2 = ESTIMATOR_TRAITS[algo.adv_estimator].needs_sum_pi_squared
         stages.append(old_log_prob_stage(roles.actor, needs_pi2, with_rollout))
     if rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold is not None:

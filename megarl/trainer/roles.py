@@ -13,37 +13,52 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
+from megarl.controller.group import (
+    Backend,
+    GroupHandle,
+    WorkerGroup,
+    as_handle,
+    make_colocated_groups,
+    make_worker_group,
+)
+from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup
 
 
 @dataclass
 class Roles:
-    actor: Any
-    ref: Any | None = None
-    critic: Any | None = None
-    reward_model: Any | None = None
+    """The worker groups of one run, each seen through its role's typed handle."""
+
+    actor: ActorGroup
+    ref: RefGroup | None = None
+    critic: CriticGroup | None = None
+    reward_model: RewardModelGroup | None = None
     is_writer: bool = True  # this process writes logs and files (the driver, or rank 0 under torchrun)
     pools: tuple = ()
 
     def shutdown(self) -> None:
         """End every group's processes (Ray) or tear down this rank's workers (SPMD); idempotent."""
-        for group in (self.reward_model, self.critic, self.ref, self.actor):
-            if group is not None:
-                try:
-                    group.shutdown()
-                except Exception:  # one group failing to stop must not leave the others running
-                    pass
-        for pool in self.pools:
-            try:
-                pool.remove()
-            except Exception:  # must not hide the error that ended the run
-                pass
-        self.actor = self.ref = self.critic = self.reward_model = None
+        _shutdown([self.reward_model, self.critic, self.ref, self.actor], self.pools)
         self.pools = ()
+
+
+def _shutdown(groups: Sequence[GroupHandle | WorkerGroup | None], pools: tuple) -> None:
+    for group in groups:
+        if group is not None:
+            try:
+                group.shutdown()
+            except Exception:  # one group failing to stop must not leave the others running
+                pass
+    for pool in pools:
+        try:
+            pool.remove()
+        except Exception:  # must not hide the error that ended the run
+            pass
 
 
 def is_writer_process(cfg: MegarlConfig) -> bool:
@@ -59,19 +74,18 @@ def enabled_roles(cfg: MegarlConfig) -> list[str]:
 
 def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
     """Start every worker group `cfg` (resolved) needs; on failure, whatever started is shut down."""
-    from megarl.controller.group import make_colocated_groups, make_worker_group
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
     from megarl.workers.reference import ReferenceWorker
 
-    backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
+    backend: Backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
     # Ray: the driver's deadline per call (and start); both: every process group's collective timeout
     timeouts = {
         "call_timeout_s": cfg.trainer.worker_timeout_s,
         "start_timeout_s": cfg.trainer.worker_timeout_s,
     }
-    roles = Roles(actor=None)
     pools: dict[str, Any] = {}
+    started: list[WorkerGroup] = []  # shut down, last first, when a later role fails to start
 
     def pool_for(role: str) -> Any:
         """The actor's pool, or one of the role's own when `<role>.n_devices` is set."""
@@ -83,31 +97,38 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
         return pools[key]
 
     try:
-        colocated = {"actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})}
+        colocated: dict[str, tuple[type, dict]] = {
+            "actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})
+        }
         if cfg.ref.enable:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
         groups = make_colocated_groups(backend, pool_for("actor"), colocated, **timeouts)
-        roles.actor, roles.ref = groups["actor"], groups.get("ref")
+        started.append(groups["actor"])
+        actor = as_handle(groups["actor"], ActorGroup)
+        ref = as_handle(groups["ref"], RefGroup) if "ref" in groups else None
+        critic: CriticGroup | None = None
+        reward_model: RewardModelGroup | None = None
         if cfg.critic.enable:
             spec = role_spec(cfg, "critic", total_steps)
-            roles.critic = make_worker_group(
+            group = make_worker_group(
                 backend, pool_for("critic"), CriticWorker, "critic", {"spec": spec}, **timeouts
             )
+            started.insert(0, group)
+            critic = as_handle(group, CriticGroup)
         if cfg.reward.enable:
             cls, kwargs = _reward_worker(cfg)
-            roles.reward_model = make_worker_group(
-                backend, pool_for("reward"), cls, "reward", kwargs, **timeouts
-            )
+            group = make_worker_group(backend, pool_for("reward"), cls, "reward", kwargs, **timeouts)
+            started.insert(0, group)
+            reward_model = as_handle(group, RewardModelGroup)
     except BaseException:
-        roles.pools = tuple(pools.values())
-        roles.shutdown()
+        _shutdown(started, tuple(pools.values()))
         raise
-    roles.pools = tuple(pools.values())
+    is_writer = True
     if backend == "spmd":
         import torch.distributed as dist
 
-        roles.is_writer = dist.get_rank() == 0
-    return roles
+        is_writer = dist.get_rank() == 0
+    return Roles(actor, ref, critic, reward_model, is_writer, tuple(pools.values()))
 
 
 def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:

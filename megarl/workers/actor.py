@@ -17,6 +17,8 @@ Built from `role_spec(cfg, "actor")`: its layout, batching, offload, optimizer, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from megarl.algorithms.aggregate import aggregate
@@ -25,7 +27,8 @@ from megarl.algorithms.kl import kl_penalty
 from megarl.algorithms.loss_traits import LOSS_PARAMS
 from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
 from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings
-from megarl.config.roles import RoleSpec
+from megarl.config.roles import RoleSpec, RolloutSpec
+from megarl.config.schema import AlgorithmConfig
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import vocab_parallel_entropy
 from megarl.protocol import Batch, Col
@@ -34,13 +37,18 @@ from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.sequences import sequences_from_batch
 from megarl.workers.train_loop import GlobalCounts, train_minibatches
 
+if TYPE_CHECKING:
+    from megarl.hybrid.engine import HybridEngine
+
 
 class ActorWorker(MegatronWorker):
     def __init__(self, spec: RoleSpec) -> None:
         if not spec.trainable or spec.algorithm is None or spec.rollout is None:
             raise ValueError(f"the actor needs a trained role's spec with a rollout; got {spec.role!r}")
+        self.algorithm: AlgorithmConfig = spec.algorithm  # the checks above: both are set
+        self.rollout_spec: RolloutSpec = spec.rollout
         super().__init__(spec)
-        self.hybrid = None  # the rollout engine, started by the first generate()
+        self.hybrid: HybridEngine | None = None  # the rollout engine, started by the first generate()
         self._generator: torch.Generator | None = None  # clip_cov's token pick
         self._sampling_step = 0  # the rollout's sampling counter from a checkpoint, for a later engine
 
@@ -48,7 +56,8 @@ class ActorWorker(MegatronWorker):
     def log_prob(self, batch: Batch) -> Batch:
         """The current policy's log-prob and entropy of every response token (0 on padding), and Σπ² when
         the advantage estimator needs it (the optimal token baseline)."""
-        needs_pi2 = ESTIMATOR_TRAITS[self.spec.algorithm.adv_estimator].needs_sum_pi_squared
+        assert self.algorithm.adv_estimator is not None  # a role spec is built from the resolved config
+        needs_pi2 = ESTIMATOR_TRAITS[self.algorithm.adv_estimator].needs_sum_pi_squared
         stats = (Col.ENTROPY, Col.SUM_PI_SQUARED) if needs_pi2 else (Col.ENTROPY,)
         return response_log_probs(self, batch, Col.OLD_LOG_PROBS, stats)
 
@@ -64,7 +73,7 @@ class ActorWorker(MegatronWorker):
                 self.chunks,
                 self.arch,
                 self.layout,
-                self.spec.rollout,
+                self.rollout_spec,
                 offload=lambda: self.offload(params=False),
                 reload=self.reload,
             )
@@ -81,9 +90,9 @@ class ActorWorker(MegatronWorker):
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO-style policy update on a batch with old_log_probs and advantages (and ref_log_probs when
         algorithm.use_kl_loss). Returns metrics averaged over the optimizer steps."""
-        fused = self.spec.algorithm.old_log_prob == "fused"  # the old log-probs are this forward's
+        fused = self.algorithm.old_log_prob == "fused"  # the old log-probs are this forward's
         needed = ([] if fused else [Col.OLD_LOG_PROBS]) + [Col.ADVANTAGES]
-        needed += [Col.REF_LOG_PROBS] if self.spec.algorithm.use_kl_loss else []
+        needed += [Col.REF_LOG_PROBS] if self.algorithm.use_kl_loss else []
         missing = [k for k in needed if k not in batch.tensors.keys()]
         if missing:
             raise KeyError(f"policy update needs columns {missing} in the batch")
@@ -102,7 +111,8 @@ class ActorWorker(MegatronWorker):
         return train_minibatches(self, seqs, fields, self._policy_loss, mini, self.spec.epochs)
 
     def _policy_loss(self, mb: dict, logits: torch.Tensor, counts: GlobalCounts):
-        algo = self.spec.algorithm
+        algo = self.algorithm
+        assert algo.loss_agg_mode is not None  # a role spec is built from the resolved config
         mask = mb["mask"]
         agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
         log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size, self.spec.temperature)
@@ -163,7 +173,7 @@ class ActorWorker(MegatronWorker):
 
     def _loss_generator(self) -> torch.Generator:
         if self._generator is None:
-            self._generator = torch.Generator().manual_seed(self.spec.rollout.seed * 7919 + self.env.rank)
+            self._generator = torch.Generator().manual_seed(self.rollout_spec.seed * 7919 + self.env.rank)
         return self._generator
 
     def _extra_state(self) -> dict:

@@ -14,6 +14,7 @@ import torch
 
 from megarl.algorithms.value_loss import clipped_value_loss
 from megarl.config.roles import RoleSpec
+from megarl.config.schema import AlgorithmConfig
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.from_hf import ModelArchitecture
 from megarl.protocol import Batch
@@ -26,6 +27,7 @@ class CriticWorker(MegatronWorker):
     def __init__(self, spec: RoleSpec) -> None:
         if not spec.trainable or spec.algorithm is None:
             raise ValueError(f"the critic needs a trained role's spec; got {spec.role!r}")
+        self.algorithm: AlgorithmConfig = spec.algorithm  # the check above: it is set
         super().__init__(spec)
 
     def _architecture(self) -> ModelArchitecture:
@@ -56,7 +58,8 @@ class CriticWorker(MegatronWorker):
         return train_minibatches(self, seqs, fields, self._value_loss, mini, self.spec.epochs)
 
     def _value_loss(self, mb: dict, output: torch.Tensor, counts: GlobalCounts):
-        algo = self.spec.algorithm
+        algo = self.algorithm
+        assert algo.loss_agg_mode is not None  # a role spec is built from the resolved config
         mask = mb["mask"]
         loss, metrics = clipped_value_loss(
             self._token_values(mb, output),

@@ -12,7 +12,7 @@ last stage so every rank of a replica returns the same thing. The training loop 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -45,7 +45,7 @@ class MegatronWorker(Worker):
         self.chunks = self._load_chunks(recompute=spec.trainable and spec.recompute)
         self.packed_thd = attends_packed_thd(self.chunks)
         self.optimizer = None
-        if spec.trainable:
+        if spec.optimizer is not None:  # a trained role
             from megarl.models.ddp import wrap_ddp
             from megarl.models.optimizer import build_optimizer
 
@@ -86,7 +86,9 @@ class MegatronWorker(Worker):
     # ---- offload -------------------------------------------------------------------------------------
 
     @register(Dispatch.ONE_TO_ALL)
-    def offload(self, params: bool | None = None, grads: bool | None = None, optimizer: bool | None = None):
+    def offload(
+        self, params: bool | None = None, grads: bool | None = None, optimizer: bool | None = None
+    ) -> list[dict]:
         """Move parameters / gradients / optimizer state off the compute device (None = this role's
         offload spec). Returns one report dict per state: bytes moved and the device memory (GPU
         allocated, or RSS on CPU) before and after."""
@@ -261,7 +263,7 @@ class MegatronWorker(Worker):
         self,
         seqs: Sequences,
         compute: Callable[[dict, torch.Tensor], dict[str, torch.Tensor]],
-        shapes: dict[str, tuple[int, ...]],
+        shapes: Mapping[str, tuple[int, ...]],
         at: str = "index",
     ) -> dict[str, torch.Tensor]:
         """Run every sequence forward; `compute(mb, output)`, with the model's output at the positions

@@ -39,6 +39,7 @@ def preference_loss_fn(settings: PreferenceSettings, counts: BatchCounts, vocab_
                 raise RuntimeError(f"a preference micro-batch split a pair: rows {rows.tolist()}")
             losses, metrics = interleaved_pair_terms(settings, token_logps, mask, ref, counts)
         else:
+            assert ref is not None  # KTO always uses the reference (settings.uses_reference)
             values = sequence_values(settings, token_logps, mask)
             losses, metrics = kto_terms(settings, values, ref.to(values.dtype), mb[DESIRABLE].bool(), counts)
         total = counts.items

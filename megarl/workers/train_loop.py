@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,9 @@ def train_minibatches(
     from megatron.core import parallel_state as ps
 
     worker.check_loaded()
+    optimizer = worker.optimizer
+    if optimizer is None:
+        raise ValueError(f"the {worker.role} role is frozen: it has no optimizer to train with")
     n = len(seqs)
     if mini_batch_size <= 0 or n % mini_batch_size:
         raise ValueError(
@@ -81,9 +85,9 @@ def train_minibatches(
                     k: v.detach().double().cpu() for k, v in {"loss": share, **metrics}.items()
                 }
 
-            worker.optimizer.zero_grad()
+            optimizer.zero_grad()
             outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False, at="index")
-            step = worker.optimizer.step()
+            step = optimizer.step()
             bad_updates += bool(step.pop("nonfinite"))
             metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)
             metrics.update({k: float(v) for k, v in step.items() if isinstance(v, int | float | bool)})
@@ -103,7 +107,7 @@ def _sum_over_replica(outs: list[dict], dp_group, pp: int) -> dict[str, float]:
     from megatron.core import parallel_state as ps
 
     names = sorted(outs[0]) if outs else None
-    holder = [names]
+    holder: list[Any] = [names]  # rank-local until the broadcast from the last stage
     if pp > 1:
         dist.broadcast_object_list(
             holder,
