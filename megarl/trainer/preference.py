@@ -3,7 +3,7 @@ layouts, the loop SFT uses (megarl.trainer.offline): data, logging, validation a
 
     megarl dpo configs/quickstart_preference.yaml data.train_files=[pairs.parquet]
     megarl kto configs/quickstart_preference.yaml data.train_files=[kto.parquet]
-    DPOTrainer(cfg).fit()   # … KTOTrainer, ORPOTrainer, SimPOTrainer, IPOTrainer
+    with DPOTrainer(cfg) as t: t.fit()   # … KTOTrainer, ORPOTrainer, SimPOTrainer, IPOTrainer
 
 Each step is one optimizer step on `data.train_batch_size` pairs (KTO: examples); the loss is the mean
 over them, whatever the TP/PP/DP layout and micro-batching (a micro-batch holds whole pairs). The
