@@ -64,7 +64,6 @@ class OfflineTrainer:
             cfg.data.train_batch_size, len(self.examples), cfg.layout("actor").dp
         )
         self.steps_per_epoch = len(self.examples) // self.batch_size
-        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
         total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
         self.output_dir = Path(cfg.trainer.output_dir)
         # trainer.resume: the checkpoint to continue from, checked before any worker starts
