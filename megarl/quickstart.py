@@ -69,11 +69,13 @@ def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> i
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     start = _step(3, "SFT warm-start (configs/quickstart_sft.yaml)")
-    SFTTrainer(load_config(CONFIGS / "quickstart_sft.yaml", sft_overrides)).fit()
+    with SFTTrainer(load_config(CONFIGS / "quickstart_sft.yaml", sft_overrides)) as trainer:
+        trainer.fit()
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     start = _step(4, "GRPO through the 3D-HybridEngine (configs/quickstart_grpo.yaml)")
-    RLTrainer(load_config(CONFIGS / "quickstart_grpo.yaml", grpo_overrides)).fit()
+    with RLTrainer(load_config(CONFIGS / "quickstart_grpo.yaml", grpo_overrides)) as trainer:
+        trainer.fit()
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     run = json.loads((out / "grpo" / "summary.json").read_text())  # the trainer's own summary

@@ -125,15 +125,18 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         if job == "sft":
             from megarl.trainer.sft import SFTTrainer
 
-            SFTTrainer(cfg).fit()
+            with SFTTrainer(cfg) as trainer:
+                trainer.fit()
         elif job != "train":
             from megarl.trainer.preference import PreferenceTrainer
 
-            PreferenceTrainer(cfg).fit()
+            with PreferenceTrainer(cfg) as trainer:
+                trainer.fit()
         else:
             from megarl.trainer.rl_trainer import RLTrainer
 
-            RLTrainer(cfg).fit()
+            with RLTrainer(cfg) as trainer:
+                trainer.fit()
     except (
         DataError,
         RewardError,

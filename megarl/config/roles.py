@@ -130,7 +130,8 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         total_steps=total_steps or cfg.trainer.total_steps or 1,
         mini_batch_size=algo.ppo_mini_batch_size * cfg.rollout.n,
         epochs=algo.ppo_epochs,
-        algorithm=resolve_auto(cfg).algorithm,  # auto fields decided, also for configs built in Python
+        # auto fields decided, also for configs built in Python (a no-op for a resolved one)
+        algorithm=copy.deepcopy(resolve_auto(cfg).algorithm),
         rollout=rollout_spec(cfg) if role == "actor" else None,
     )
 

@@ -24,18 +24,26 @@ from megarl.config.validate_algorithm import (
     RL_ALGORITHMS,
     check_algorithm,
     fused_old_log_prob_blockers,
+    fused_old_log_prob_problem,
     rollout_log_prob_readers,
 )
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
 
-__all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "validate"]
+__all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "resolve_for_run", "validate"]
 
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
-    """A copy of `cfg` with every "None = auto" field decided (estimator, which roles are enabled)."""
+    """`cfg` with every "None = auto" field decided (estimator, loss aggregation, which roles are enabled,
+    old log-probs, engine log-probs): `cfg` itself when none is left to decide, else a decided copy.
+
+    The fields themselves record the decisions, so resolving a resolved config does nothing (auto runs
+    once per config, wherever it is called), and a field set back to None in Python is decided again.
+    """
+    if all(value is not None for value in _auto_fields(cfg)):
+        return cfg
     cfg = copy.deepcopy(cfg)
     algo = cfg.algorithm
     if algo.adv_estimator is None:
@@ -54,6 +62,30 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
         algo.old_log_prob = "recompute" if fused_old_log_prob_blockers(cfg) else "fused"
     if cfg.rollout.calculate_log_probs is None:
         cfg.rollout.calculate_log_probs = bool(rollout_log_prob_readers(cfg))
+    return cfg
+
+
+def _auto_fields(cfg: MegarlConfig) -> tuple[Any, ...]:
+    """The values of every field `resolve_auto` decides (None = not decided yet)."""
+    algo = cfg.algorithm
+    return (
+        algo.adv_estimator,
+        algo.loss_agg_mode,
+        cfg.critic.enable,
+        cfg.ref.enable,
+        cfg.reward.enable,
+        algo.old_log_prob,
+        cfg.rollout.calculate_log_probs,
+    )
+
+
+def resolve_for_run(cfg: MegarlConfig) -> MegarlConfig:
+    """What the RL trainer runs: `cfg` resolved (`resolve_auto`) and held again to the rule auto's
+    old_log_prob decision rests on, so a loaded config edited in Python (algorithm.ppo_epochs=2 under a
+    fused old_log_prob) is refused with a ConfigError before any worker starts."""
+    cfg = resolve_auto(cfg)
+    if problem := fused_old_log_prob_problem(cfg):
+        raise ConfigError([problem])
     return cfg
 
 

@@ -41,6 +41,24 @@ def fused_old_log_prob_blockers(cfg: MegarlConfig) -> list[str]:
     return why
 
 
+def fused_old_log_prob_problem(cfg: MegarlConfig) -> str | None:
+    """The one owner of the fused old-log-prob rule: why an RL config (resolved) that says
+    algorithm.old_log_prob=fused cannot have it, key by key with the fix; None when it can. Checked at
+    load (`validate`) and where the RL trainer resolves its config (`resolve_for_run`); the update reads
+    the resolved value."""
+    a = cfg.algorithm
+    if a.name not in RL_ALGORITHMS or a.old_log_prob != "fused":
+        return None
+    blockers = fused_old_log_prob_blockers(cfg)
+    if not blockers:
+        return None
+    return (
+        f"algorithm.old_log_prob=fused, but {'; '.join(blockers)}: the fused old log-probs come from the "
+        "update's own forward, which is right only for one optimizer step per training step with nothing "
+        "reading them first; set algorithm.old_log_prob=recompute (or leave it unset, None in Python: auto)"
+    )
+
+
 def rollout_log_prob_readers(cfg: MegarlConfig) -> list[str]:
     """What in `cfg` reads the engine's log-probs of its sampled tokens: [] when nothing does."""
     rc = cfg.algorithm.rollout_correction
@@ -61,14 +79,8 @@ def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
             f"rollout.calculate_log_probs=false, but {', '.join(readers)} reads the engine's log-probs; "
             "set rollout.calculate_log_probs=true (or leave it unset: auto)"
         )
-    if a.name in RL_ALGORITHMS and a.old_log_prob == "fused":
-        blockers = fused_old_log_prob_blockers(cfg)
-        if blockers:
-            problems.append(
-                f"algorithm.old_log_prob=fused takes the old log-probs from the update's own forward, which "
-                f"is right only for one optimizer step per training step with nothing reading them first, "
-                f"but {'; '.join(blockers)}; set algorithm.old_log_prob=recompute (or leave it unset: auto)"
-            )
+    if problem := fused_old_log_prob_problem(cfg):
+        problems.append(problem)
     if a.name in PREFERENCE_ALGORITHMS:
         _check_preference(cfg, problems)
     val = cfg.rollout.val

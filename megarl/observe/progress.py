@@ -114,6 +114,12 @@ class ProgressLog:
             log.sinks += open_sinks(cfg, say=log.warn, resume_step=resume_step)
         return log
 
+    def retarget(self, total_steps: int) -> None:
+        """Count to `total_steps` from now on (a trainer's `fit` to another last step)."""
+        self.total_steps = total_steps
+        if self._live is not None:
+            self._live.total_steps = total_steps
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         values = {k: _item(v) for k, v in sorted(metrics.items())}
         for sink in list(self.sinks):

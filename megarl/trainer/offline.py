@@ -2,13 +2,16 @@
 `data.train_batch_size` examples in a (data.seed, epoch)-determined order (the last partial batch of an
 epoch dropped), one optimizer step of the actor's workers each, validation, and the Hugging Face export.
 
-    trainer = SFTTrainer(cfg)     # or DPOTrainer, KTOTrainer, …: workers start here
-    hf_dir = trainer.fit()        # train, validate, write <trainer.output_dir>/hf; workers stop
+    with SFTTrainer(cfg) as trainer:   # or DPOTrainer, KTOTrainer, …: workers start here
+        metrics = trainer.step()       # one step: its metrics
+        hf_dir = trainer.fit()         # the rest: train, validate, write <trainer.output_dir>/hf
+    # leaving the block (or trainer.close()) stops the workers
 
 Validation (data.val_files) runs before the first step (trainer.val_before_train, logged as step 0),
 every trainer.eval_every steps and after the last. `<output_dir>/summary.json` holds the job, the last
-step's metrics and the checkpoint path, and `report/report.md` the curves (logging.report). A subclass loads its examples and defines one step and the
-validation; everything else — workers, logging, profiling, checkpoints, shutdown — is here.
+step's metrics and the checkpoint path, and `report/report.md` the curves (logging.report, written at
+close). A subclass loads its examples and defines one step and the validation; the run's lifecycle —
+resume, logging, workers, profiling, checkpoints, shutdown — is its RunSession's.
 
 Checkpoints are the RL trainer's (megarl.checkpoint.run): `trainer.save_every` /
 `trainer.max_checkpoints` write `<output_dir>/checkpoints/step_<N>/actor/` (weights, optimizer, LR
@@ -24,24 +27,12 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from megarl.checkpoint.run import (
-    ResumeError,
-    RunCheckpoints,
-    check_job,
-    check_resumable,
-    precheck_roles,
-    read_trainer_state,
-    resolve_resume,
-    save_due,
-)
+from megarl.checkpoint.run import ResumeError, save_due
 from megarl.config.schema import MegarlConfig
 from megarl.data.files import DataError
 from megarl.data.sft import batches
-from megarl.observe.profiling import StepProfiler
-from megarl.observe.progress import ProgressLog
-from megarl.observe.report import try_write_report
-from megarl.observe.run_files import SUMMARY, write_run_files
-from megarl.trainer.roles import build_roles, is_writer_process
+from megarl.observe.run_files import SUMMARY
+from megarl.trainer.run_session import RunSession
 
 
 def offline_batch_size(train_batch_size: int, n_rows: int, dp: int) -> int:
@@ -73,44 +64,36 @@ class OfflineTrainer:
             cfg.data.train_batch_size, len(self.examples), cfg.layout("actor").dp
         )
         self.steps_per_epoch = len(self.examples) // self.batch_size
-        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
+        total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.steps_per_epoch
         self.output_dir = Path(cfg.trainer.output_dir)
         # trainer.resume: the checkpoint to continue from, checked before any worker starts
-        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
-        resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
-        if resumed is not None:
-            check_job(self.resume_from, resumed, self.job)
-            check_resumable(self.resume_from, ["actor"])
-            precheck_roles(self.resume_from, cfg, self.total_steps, ["actor"])
-            self._check_data_position(resumed.get("data", {}))
-        self.start_step = resumed["step"] if resumed is not None else 0
-        self.roles = None
-        self.is_writer = writer = is_writer_process(cfg)
-        self.log = ProgressLog.for_run(
-            cfg, self.total_steps, writer, stream, resume_step=self.start_step if resumed else None
-        )
-        try:
-            if writer:  # config.yaml + run_info.json (machine, layout)
-                write_run_files(cfg, self.output_dir)
-            with self.log.task("starting the actor's workers"):
-                self.roles = build_roles(cfg, self.total_steps)
-            self.profiler = StepProfiler.for_run(cfg, {"actor": self.roles.actor}, self.roles.is_writer)
-            spmd = cfg.trainer.launcher == "torchrun"
-            groups = {"actor": self.roles.actor}
-            self.checkpoints = RunCheckpoints(
-                self.output_dir, groups, self.roles.is_writer, cfg.trainer.max_checkpoints, spmd
-            )
-            if resumed is not None:
-                with self.log.task(f"resuming from {self.resume_from}"):
-                    self.roles.actor.load_checkpoint(str(self.resume_from / "actor"))
-            if self.roles.is_writer and (superseded := self.checkpoints.supersede_after(self.start_step)):
-                self.log.warn(
-                    f"megarl {self.job}: checkpoints after step {self.start_step} belong to another run's "
-                    f"future; kept aside as {', '.join(n + '.superseded' for n in superseded)}"
-                )
+        self.session = session = RunSession(cfg, self.job, total_steps, stream)
+        self.resume_from = session.resume_from
+        if session.resumed is not None:
+            self._check_data_position(session.resumed.get("data", {}))
+        self.start_step = self.done_step = session.start_step
+        self.is_writer = session.is_writer
+        self.last_metrics: dict[str, Any] = {}  # the last step's
+        self._epoch_batches: tuple[int, list[list[int]]] | None = None
+        self._began = False
+        try:  # stop the workers and close the logging backends if anything below fails
+            self.roles = session.start()
+            self.log, self.profiler, self.checkpoints = session.log, session.profiler, session.checkpoints
+            session.resume_groups()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def total_steps(self) -> int:
+        """The step `fit` runs to: trainer.total_steps (or its epochs) until a `fit(total_steps=…)`."""
+        return self.session.total_steps
+
+    def __enter__(self) -> OfflineTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _data_position(self) -> dict[str, int]:
         return {"seed": self.cfg.data.seed, "n_rows": len(self.examples), "batch_size": self.batch_size}
@@ -148,71 +131,80 @@ class OfflineTrainer:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the workers and flush and close the logging backends; idempotent."""
-        try:
-            if self.roles is not None:
-                self.roles.shutdown()
-        finally:
-            self.log.close()
+        """Stop the workers, flush and close the logging backends and write the report (logging.report,
+        once training began); idempotent."""
+        self.session.close()
 
-    def fit(self) -> Path:
-        """Train, validate, then export; returns the HF checkpoint directory."""
-        try:
-            self.log.message(
-                f"megarl {self.job}: {len(self.examples)} {self.items}, {self.total_steps} steps of "
-                f"{self.batch_size} on {self.cfg.model.path}"
+    def fit(self, total_steps: int | None = None) -> Path:
+        """Train the steps after the last one done up to `total_steps` (default: the current target,
+        trainer.total_steps at first), validate, then export; returns the HF checkpoint directory. The
+        workers keep running: a later `fit(total_steps=…)` continues."""
+        if total_steps is not None:
+            if total_steps < self.done_step:
+                raise ValueError(f"total_steps={total_steps} is before the last step done ({self.done_step})")
+            self.session.retarget(total_steps)
+        self.log.message(
+            f"megarl {self.job}: {len(self.examples)} {self.items}, {self.total_steps} steps of "
+            f"{self.batch_size} on {self.cfg.model.path}"
+        )
+        if self.done_step >= self.total_steps:
+            self.log.warn(
+                f"megarl {self.job}: {self.resume_from} is at step {self.done_step}, trainer.total_steps="
+                f"{self.total_steps}: nothing left to train; exporting it (trainer.resume=disable starts afresh)"
             )
-            if self.start_step >= self.total_steps:
-                self.log.warn(
-                    f"megarl {self.job}: {self.resume_from} is at step {self.start_step}, trainer.total_steps="
-                    f"{self.total_steps}: nothing left to train; exporting it (trainer.resume=disable starts afresh)"
-                )
-            self.before_training()
-            fresh = self.start_step == 0
-            if fresh and self.val_examples and self.cfg.trainer.val_before_train:
-                self.log.log(0, self._validate())
-            metrics = self._train()
-            return self._export(metrics)
-        finally:
-            self.close()
-            if self.is_writer and self.cfg.logging.report:  # also after a crash; never raises
-                try_write_report(self.output_dir, self.log.message)
+        self._begin()
+        while self.done_step < self.total_steps:
+            self.step()
+        return self._export(self.last_metrics)
 
-    def _train(self) -> dict[str, float]:
-        every, step, metrics = self.cfg.trainer.eval_every, self.start_step, {}
-        epoch, done_in_epoch = divmod(step, self.steps_per_epoch)  # a resumed run's data position
-        while step < self.total_steps:
-            order = list(range(len(self.examples)))
-            epoch_batches = batches(order, self.batch_size, self.cfg.data.seed, epoch)
-            for _ in range(done_in_epoch):
-                next(epoch_batches)
-            done_in_epoch = 0
-            for indices in epoch_batches:
-                step += 1
-                with self.profiler.step(step):
-                    start = time.perf_counter()
-                    metrics, tokens = self.train_step(indices)
-                    seconds = time.perf_counter() - start
-                # step_seconds = the update + a save; validation is timed on its own (as in RL runs)
-                metrics.update(
-                    {
-                        "timing/update_actor": seconds,
-                        "step_seconds": seconds,
-                        "throughput/tokens_per_s": tokens / seconds,
-                        "data/epoch": epoch,
-                    }
-                )
-                last = step == self.total_steps
-                if self.val_examples and (last or (every and step % every == 0)):
-                    metrics.update(self._validate())
-                if save_due(step, self.total_steps, self.cfg.trainer.save_every):
-                    metrics.update(self._save(step))
-                    metrics["step_seconds"] += metrics["timing/save_checkpoint"]
-                self.log.log(step, metrics)
-                if last:
-                    break
-            epoch += 1
+    def step(self) -> dict[str, float]:
+        """Train the step after the last one done (validating and saving when due, logged as `fit` logs
+        it) and return its metrics. A step past the target makes it the target (and so the last)."""
+        self._begin()
+        step = self.done_step + 1
+        if step > self.total_steps:
+            self.session.retarget(step)
+        epoch, index = divmod(step - 1, self.steps_per_epoch)  # the data position is the step
+        indices = self._batches_of(epoch)[index]
+        with self.profiler.step(step):
+            start = time.perf_counter()
+            metrics, tokens = self.train_step(indices)
+            seconds = time.perf_counter() - start
+        # step_seconds = the update + a save; validation is timed on its own (as in RL runs)
+        metrics.update(
+            {
+                "timing/update_actor": seconds,
+                "step_seconds": seconds,
+                "throughput/tokens_per_s": tokens / seconds,
+                "data/epoch": epoch,
+            }
+        )
+        every, last = self.cfg.trainer.eval_every, step == self.total_steps
+        if self.val_examples and (last or (every and step % every == 0)):
+            metrics.update(self._validate())
+        if save_due(step, self.total_steps, self.cfg.trainer.save_every):
+            metrics.update(self._save(step))
+            metrics["step_seconds"] += metrics["timing/save_checkpoint"]
+        self.log.log(step, metrics)
+        self.done_step, self.last_metrics = step, metrics
         return metrics
+
+    def _begin(self) -> None:
+        """Once per trainer, before its first step: `before_training`, then validation at step 0 (a
+        fresh run with trainer.val_before_train)."""
+        if self._began:
+            return
+        self._began = self.session.began_training = True
+        self.before_training()
+        if self.start_step == 0 and self.val_examples and self.cfg.trainer.val_before_train:
+            self.log.log(0, self._validate())
+
+    def _batches_of(self, epoch: int) -> list[list[int]]:
+        """The batches of `epoch`, in their (data.seed, epoch) order."""
+        if self._epoch_batches is None or self._epoch_batches[0] != epoch:
+            order = list(range(len(self.examples)))
+            self._epoch_batches = (epoch, list(batches(order, self.batch_size, self.cfg.data.seed, epoch)))
+        return self._epoch_batches[1]
 
     def _save(self, step: int) -> dict[str, float]:
         from megarl.config import config_to_yaml

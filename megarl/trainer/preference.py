@@ -3,7 +3,7 @@ layouts, the loop SFT uses (megarl.trainer.offline): data, logging, validation a
 
     megarl dpo configs/quickstart_preference.yaml data.train_files=[pairs.parquet]
     megarl kto configs/quickstart_preference.yaml data.train_files=[kto.parquet]
-    DPOTrainer(cfg).fit()   # … KTOTrainer, ORPOTrainer, SimPOTrainer, IPOTrainer
+    with DPOTrainer(cfg) as t: t.fit()   # … KTOTrainer, ORPOTrainer, SimPOTrainer, IPOTrainer
 
 Each step is one optimizer step on `data.train_batch_size` pairs (KTO: examples); the loss is the mean
 over them, whatever the TP/PP/DP layout and micro-batching (a micro-batch holds whole pairs). The
@@ -21,7 +21,7 @@ same metrics under `val/`; KTO evaluates pair files (prompt/chosen/rejected) wit
 from __future__ import annotations
 
 import copy
-from typing import TextIO
+from typing import TextIO, cast
 
 import torch
 
@@ -32,6 +32,7 @@ from megarl.algorithms.preference_terms import (
     interleaved_pair_terms,
     kto_terms,
 )
+from megarl.config.options import AlgorithmName
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
 from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS, REFERENCE_ALGORITHMS
@@ -40,13 +41,14 @@ from megarl.data.files import DataError, read_rows
 from megarl.protocol import Batch
 from megarl.trainer.offline import OfflineTrainer
 from megarl.trainer.rl_stages import role_metrics
+from megarl.workers.groups import RefGroup
 
 
 def preference_config(cfg: MegarlConfig, name: str | None = None) -> MegarlConfig:
     """`cfg` for preference training with algorithm `name` (default: cfg.algorithm.name): the actor and,
     for dpo/ipo/kto, the reference; no critic, reward model or rollout sampling."""
     cfg = copy.deepcopy(cfg)
-    cfg.algorithm.name = name or cfg.algorithm.name
+    cfg.algorithm.name = cast(AlgorithmName, name or cfg.algorithm.name)  # checked on the next line
     if cfg.algorithm.name not in PREFERENCE_ALGORITHMS:
         raise ValueError(
             f"algorithm.name={cfg.algorithm.name} is not a preference algorithm; use one of "
@@ -103,8 +105,8 @@ class PreferenceTrainer(OfflineTrainer):
         return self.kl_partners[split]
 
     def before_training(self) -> None:
-        if self.cfg.preference.precompute_ref:
-            self._precompute_reference()
+        if self.cfg.preference.precompute_ref and self.roles.ref is not None:
+            self._precompute_reference(self.roles.ref)
 
     def train_step(self, indices: list[int]) -> tuple[dict[str, float], int]:
         items = [self.examples[i] for i in indices]
@@ -148,7 +150,7 @@ class PreferenceTrainer(OfflineTrainer):
         ref = self._reference(kl_batch, indices, split, kl=True)
         return float(pref.kto_ref_point(policy, ref))
 
-    def _precompute_reference(self) -> None:
+    def _precompute_reference(self, ref: RefGroup) -> None:
         """Every reference log-prob training and validation will need, in one pass; then the reference
         is offloaded."""
         splits = {"train": self.examples, "val": self.val_examples}
@@ -162,17 +164,15 @@ class PreferenceTrainer(OfflineTrainer):
                     indices = list(range(start, min(start + self.cfg.data.train_batch_size, len(examples))))
                     items = [examples[i] for i in indices]
                     batch = data.pair_batch(items, self.pad) if paired else data.kto_batch(items, self.pad)
-                    sums = self._sequence_sums(self.roles.ref, batch, "ref_log_probs", "ref_log_prob")
+                    sums = self._sequence_sums(ref, batch, "ref_log_probs", "ref_log_prob")
                     parts.append(sums.reshape(-1, 2) if paired else sums)
                     if not paired:
                         kl_batch = data.kto_kl_batch(examples, self.pad, indices, self._partners(split))
-                        kl_parts.append(
-                            self._sequence_sums(self.roles.ref, kl_batch, "ref_log_probs", "ref_log_prob")
-                        )
+                        kl_parts.append(self._sequence_sums(ref, kl_batch, "ref_log_probs", "ref_log_prob"))
                 self.ref_cache[split] = torch.cat(parts)
                 if kl_parts:
                     self.ref_cache[f"{split}/kl"] = torch.cat(kl_parts)
-            self.roles.ref.offload(params=True)
+            ref.offload(params=True)
 
     # ---- validation ----------------------------------------------------------------------------------
 

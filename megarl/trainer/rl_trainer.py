@@ -2,14 +2,18 @@
 
     from megarl.config import load_config
     from megarl.trainer import RLTrainer
-    trainer = RLTrainer(load_config("configs/quickstart_grpo.yaml", ["trainer.total_steps=5"]))
-    trainer.flow.insert_after("reward", my_stage)       # optional: edit the step graph
-    history = trainer.fit()                              # one metrics dict per step
+    with RLTrainer(load_config("configs/quickstart_grpo.yaml", ["trainer.total_steps=5"])) as trainer:
+        trainer.flow.insert_after("reward", my_stage)   # optional: edit the step graph
+        metrics = trainer.step()                        # one step: its metrics
+        history = trainer.fit()                         # the rest: one metrics dict per step
+        history = trainer.fit(total_steps=8)            # three more, same workers
+    # leaving the block (or trainer.close()) stops every worker process
 
 The same trainer runs under `trainer.launcher=ray` (this process is the single controller; the worker
 groups are Ray actors) and `trainer.launcher=torchrun` (every process runs this loop, SPMD; only rank 0
-writes files). Every worker process is shut down, and every logging backend flushed and closed, when
-`fit` returns, raises, or is interrupted.
+writes files). The run's lifecycle — resume, logging, workers, checkpoints, shutdown, report — is its
+RunSession's (megarl.trainer.run_session); `close()` (idempotent) stops every worker process, flushes
+and closes every logging backend and writes the report, also after a crash.
 """
 
 from __future__ import annotations
@@ -23,33 +27,18 @@ from typing import Any, TextIO
 import torch
 
 from megarl.algorithms.aggregate import masked_mean
-from megarl.checkpoint.run import (
-    RL_JOB,
-    ResumeError,
-    RunCheckpoints,
-    capture_rng,
-    check_job,
-    check_resumable,
-    precheck_roles,
-    read_trainer_state,
-    resolve_resume,
-    restore_rng,
-    save_due,
-)
+from megarl.checkpoint.run import RL_JOB, ResumeError, capture_rng, restore_rng, save_due
 from megarl.config.schema import MegarlConfig
-from megarl.config.validate import resolve_auto
-from megarl.config.validate_algorithm import fused_old_log_prob_blockers
+from megarl.config.validate import resolve_for_run
 from megarl.controller.rank_status import RANK_STATUS, RESUME_ADVICE
 from megarl.controller.worker import WorkerError
-from megarl.observe.profiling import StepProfiler
-from megarl.observe.progress import ProgressLog
-from megarl.observe.report import try_write_report
-from megarl.observe.run_files import read_metrics, write_run_files
+from megarl.observe.run_files import read_metrics
 from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
-from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
+from megarl.trainer.roles import Roles
+from megarl.trainer.run_session import RunSession
 
 
 class RLTrainer:
@@ -60,18 +49,15 @@ class RLTrainer:
         reward: Any = None,
         stream: TextIO | None = None,
     ) -> None:
+        """Load the data and the rewards, check trainer.resume's checkpoint, then start the workers (or
+        use `roles`, already started) and restore the checkpoint; anything failing here closes them."""
         from transformers import AutoTokenizer
 
         from megarl.data.datasets import PromptDataset
         from megarl.data.loader import PromptLoader
         from megarl.rewards import RewardComputer
 
-        self.cfg = cfg = resolve_auto(cfg)
-        if cfg.algorithm.old_log_prob == "fused" and (why := fused_old_log_prob_blockers(cfg)):
-            raise ValueError(  # a config edited in Python after load_config decided "auto"
-                f"algorithm.old_log_prob=fused, but {'; '.join(why)}; set algorithm.old_log_prob=recompute "
-                "(or None: auto decides again)"
-            )
+        self.cfg = cfg = resolve_for_run(cfg)  # a config edited in Python is checked again here
         # Everything that can be wrong with the data or the rewards fails here, before any worker starts.
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
         self.train_data = PromptDataset.from_config(cfg.data, self.tokenizer, split="train")
@@ -84,59 +70,41 @@ class RLTrainer:
             self.reward.check_data_sources(self.train_data.data_sources, "data.train_files")
             if self.val_data is not None:
                 self.reward.check_data_sources(self.val_data.data_sources, "data.val_files")
-        self.total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
+        total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self._next_uid = 0
         self.bad_steps = BadStepCounter(cfg.trainer.max_bad_steps)
         self.output_dir = Path(cfg.trainer.output_dir)
         # trainer.resume: the checkpoint to continue from, checked before any worker starts
-        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
-        resumed = read_trainer_state(self.resume_from) if self.resume_from is not None else None
+        self.session = session = RunSession(cfg, RL_JOB, total_steps, stream, roles)
+        self.resume_from, resumed = session.resume_from, session.resumed
         if resumed is not None:
-            check_job(self.resume_from, resumed, RL_JOB)
-            check_resumable(self.resume_from, enabled_roles(cfg))
-            precheck_roles(self.resume_from, cfg, self.total_steps, enabled_roles(cfg))
             try:
                 self.loader.load_state_dict(resumed["data"])
             except ValueError as e:  # another data set or data.seed
                 raise ResumeError(f"{self.resume_from}: {e}") from None
-        self.start_step = resumed["step"] if resumed is not None else 0
+        self.start_step = self.done_step = session.start_step
         self.best_val_reward: float | None = None
-        self.roles, self.log = roles, None
-        self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
+        self.is_writer = session.is_writer
+        self.history: list[dict[str, float]] = []
+        self._began = False
         try:  # stop the worker processes and close the logging backends if anything below fails
-            self.log = ProgressLog.for_run(
-                cfg,
-                self.total_steps,
-                self.is_writer,
-                stream,
-                resume_step=self.start_step if resumed else None,
-            )
-            if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
-                write_run_files(cfg, self.output_dir)
-            if self.roles is None:
-                with self.log.task(f"starting the worker groups ({', '.join(enabled_roles(cfg))})"):
-                    self.roles = build_roles(cfg, self.total_steps)
+            self.roles = session.start()
+            self.log, self.profiler, self.checkpoints = session.log, session.profiler, session.checkpoints
+            self.is_writer = session.is_writer
             self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
-            groups = {"actor": self.roles.actor, "critic": self.roles.critic}
-            self.profiler = StepProfiler.for_run(cfg, groups, self.is_writer)
-            self.checkpoints = RunCheckpoints(
-                self.output_dir,
-                groups,
-                self.is_writer,
-                cfg.trainer.max_checkpoints,
-                spmd=cfg.trainer.launcher == "torchrun",
-            )
+            session.resume_groups()
             if resumed is not None:
-                with self.log.task(f"resuming from {self.resume_from}"):
-                    self._resume(resumed)
-            if self.is_writer and (superseded := self.checkpoints.supersede_after(self.start_step)):
-                self.log.warn(
-                    f"megarl: checkpoints after step {self.start_step} belong to another run's future; kept "
-                    f"aside as {', '.join(n + '.superseded' for n in superseded)} in {self.checkpoints.root}"
-                )
+                self._resume(resumed)
+            # a resumed run's history starts with the steps its checkpoint had done (from metrics.jsonl)
+            self.history = self._earlier_history()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def total_steps(self) -> int:
+        """The step `fit` runs to: trainer.total_steps (or its epochs) until a `fit(total_steps=…)`."""
+        return self.session.total_steps
 
     def __enter__(self) -> RLTrainer:
         return self
@@ -144,31 +112,50 @@ class RLTrainer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def fit(self) -> list[dict[str, float]]:
-        """Run `total_steps` steps (validating every trainer.eval_every); returns each step's metrics."""
-        # a resumed run's history starts with the steps its checkpoint had done (from metrics.jsonl)
-        history = self._earlier_history()
-        try:
-            self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
-            fresh = self.start_step == 0
-            if fresh and self.val_data is not None and self.cfg.trainer.val_before_train:
-                metrics = self.validate(step=0)
-                self.log.log(0, metrics)
-                history.append({"step": 0, **metrics})
-            for step in range(self.start_step + 1, self.total_steps + 1):
-                metrics = self._run_step(step)
-                self.log.log(step, metrics)
-                history.append({"step": step, **metrics})
-                self.bad_steps.check()  # BadStepsError after trainer.max_bad_steps bad steps in a row
-            if self.cfg.trainer.save_hf:
-                with self.log.task(f"writing the actor as a Hugging Face model to {self.output_dir / 'hf'}"):
-                    self.roles.actor.export_hf(str(self.output_dir / "hf"))
-            self._write_summary(history)
-            return history
-        finally:
-            self.close()
-            if self.is_writer and self.cfg.logging.report:  # also after a crash; never raises
-                try_write_report(self.output_dir, self.log.message)
+    def fit(self, total_steps: int | None = None) -> list[dict[str, float]]:
+        """Run the steps after the last one done up to `total_steps` (default: the current target,
+        trainer.total_steps at first), validating every trainer.eval_every and after the last, then
+        export (trainer.save_hf) and write summary.json; returns every step's metrics so far (a resumed
+        run's included). The workers keep running: a later `fit(total_steps=…)` continues. The actor's
+        LR schedule spans the configured total; steps past it keep its final learning rate."""
+        if total_steps is not None:
+            if total_steps < self.done_step:
+                raise ValueError(f"total_steps={total_steps} is before the last step done ({self.done_step})")
+            self.session.retarget(total_steps)
+        self._begin()
+        while self.done_step < self.total_steps:
+            self.step()
+        if self.cfg.trainer.save_hf:
+            with self.log.task(f"writing the actor as a Hugging Face model to {self.output_dir / 'hf'}"):
+                self.roles.actor.export_hf(str(self.output_dir / "hf"))
+        self._write_summary(self.history)
+        return self.history
+
+    def step(self) -> dict[str, float]:
+        """Run the step after the last one done (validating and saving when due, logged as `fit` logs
+        it) and return its metrics. A step past the target makes it the target (and so the last)."""
+        self._begin()
+        step = self.done_step + 1
+        if step > self.total_steps:
+            self.session.retarget(step)
+        metrics = self._run_step(step)
+        self.log.log(step, metrics)
+        self.history.append({"step": step, **metrics})
+        self.done_step = step
+        self.bad_steps.check()  # BadStepsError after trainer.max_bad_steps bad steps in a row
+        return metrics
+
+    def _begin(self) -> None:
+        """Once per trainer, before its first step: describe the run and validate at step 0 (a fresh
+        run with trainer.val_before_train)."""
+        if self._began:
+            return
+        self._began = self.session.began_training = True
+        self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
+        if self.start_step == 0 and self.val_data is not None and self.cfg.trainer.val_before_train:
+            metrics = self.validate(step=0)
+            self.log.log(0, metrics)
+            self.history.append({"step": 0, **metrics})
 
     def _run_step(self, step: int) -> dict[str, float]:
         """Train, validate when due, save when due; a failed worker call names the step and stage."""
@@ -223,11 +210,14 @@ class RLTrainer:
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (rollout.val) responses to every validation prompt, scored by the reward: mean score
         overall (`val/reward/mean`) and per data_source (`val/<data_source>/reward/mean`)."""
+        if self.val_data is None:
+            raise ValueError("validate() needs data.val_files")
+        val_data, dump_dir = self.val_data, self.cfg.trainer.validation_data_dir
         start = time.perf_counter()
         # the flow's own generate and scoring stages (a user's replacement reward included)
         stages = [self.flow[name] for name in ("generate", "reward_model", "reward") if name in self.flow]
         scores, sources, samples = [], [], []
-        for prompts in self.val_data.batches(self.cfg.data.val_batch_size or len(self.val_data)):
+        for prompts in val_data.batches(self.cfg.data.val_batch_size or len(val_data)):
             ctx = StepContext(step=step, validate=True)
             rollout = prompts
             for stage in stages:
@@ -237,10 +227,10 @@ class RLTrainer:
                 list(rollout["data_source"]) if "data_source" in rollout else ["val"] * len(rollout)
             )
             sources += batch_sources
-            if self.cfg.trainer.validation_data_dir and self.is_writer:
+            if dump_dir and self.is_writer:
                 samples += self._samples(step, rollout, batch_sources)
-        if samples:
-            write_samples(Path(self.cfg.trainer.validation_data_dir) / f"step_{step}.jsonl", samples)
+        if dump_dir and samples:
+            write_samples(Path(dump_dir) / f"step_{step}.jsonl", samples)
         scores_t = torch.cat(scores)
         metrics = {"val/reward/mean": scores_t.mean().item()}
         for source in sorted(set(sources)):
@@ -296,8 +286,7 @@ class RLTrainer:
         }
 
     def _resume(self, state: dict[str, Any]) -> None:
-        for role, group in self.checkpoints.groups.items():
-            group.load_checkpoint(str(self.resume_from / role))
+        """The driver's part of the checkpoint (the session restored the workers')."""
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self._next_uid = state["next_uid"]
         self.best_val_reward = state["best_val_reward"]
@@ -312,13 +301,9 @@ class RLTrainer:
         return [r for r in read_metrics(self.log.path) if r["step"] <= self.start_step]
 
     def close(self) -> None:
-        """Stop every worker process and flush and close the logging backends; idempotent."""
-        try:
-            if self.roles is not None:
-                self.roles.shutdown()
-        finally:
-            if self.log is not None:
-                self.log.close()
+        """Stop every worker process, flush and close the logging backends and write the report
+        (logging.report, once training began); idempotent."""
+        self.session.close()
 
     def _describe(self) -> str:
         c = self.cfg

@@ -102,12 +102,6 @@ class ActorWorker(MegatronWorker):
         seqs = sequences_from_batch(batch)
         fields = {k: batch[k].float() for k in needed + optional}
         mini = self.spec.mini_batch_size // self.layout.dp
-        if fused and (self.spec.epochs != 1 or len(seqs) != mini):
-            raise ValueError(
-                f"algorithm.old_log_prob=fused needs one optimizer step per update, but this update has "
-                f"ppo_epochs={self.spec.epochs} and {len(seqs)} sequences per rank for mini-batches of {mini}; "
-                "set algorithm.old_log_prob=recompute (or leave it unset: auto decides from the config)"
-            )
         return train_minibatches(self, seqs, fields, self._policy_loss, mini, self.spec.epochs)
 
     def _policy_loss(self, mb: dict, logits: torch.Tensor, counts: GlobalCounts):

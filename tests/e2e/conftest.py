@@ -59,7 +59,8 @@ def rl_setup(tmp_path_factory, ray_cluster) -> RLSetup:
             "trainer.total_steps=600",
         ],
     )
-    sft_model = SFTTrainer(cfg).fit()
+    with SFTTrainer(cfg) as trainer:
+        sft_model = trainer.fit()
     return RLSetup(base_model=base, sft_model=sft_model, data=root / "data", root=root)
 
 

@@ -76,7 +76,8 @@ def preference_runs(rl_setup, tmp_path_factory):
     runs = {}
     for name, trainer in TRAINERS.items():
         extra = {"kto": ("preference.precompute_ref=true",), "dpo": ("trainer.save_every=8",)}.get(name, ())
-        trainer(load_config(CONFIG, overrides(name, *extra))).fit()
+        with trainer(load_config(CONFIG, overrides(name, *extra))) as run:
+            run.fit()
         runs[name] = PreferenceRun(root / name, jsonl_history(root / name))
     # SimPO through the command line, as a user runs it
     proc = megarl_cli("simpo", CONFIG, *overrides("simpo"))
@@ -85,7 +86,8 @@ def preference_runs(rl_setup, tmp_path_factory):
     # the DPO run's last 8 steps again, resumed from its step 8, with the reference precomputed
     resume = root / "dpo" / "checkpoints" / "step_8"
     cached = ("preference.precompute_ref=true", f"trainer.resume={resume}")
-    preference.DPOTrainer(load_config(CONFIG, overrides("dpo", *cached, out="dpo_cached"))).fit()
+    with preference.DPOTrainer(load_config(CONFIG, overrides("dpo", *cached, out="dpo_cached"))) as run:
+        run.fit()
     runs["dpo_cached"] = PreferenceRun(root / "dpo_cached", jsonl_history(root / "dpo_cached"))
     return runs, problems
 

@@ -138,7 +138,7 @@ def test_ray_run_killed_mid_generate_mid_save_and_fed_nan_losses(rl_setup, tmp_p
     monkeypatch.setenv("MEGARL_FAULT", "kill@actor.generate#2/1")
     trainer = RLTrainer(config())
     pids = [p["pid"] for p in trainer.roles.actor.processes]
-    with pytest.raises(WorkerError) as killed:
+    with pytest.raises(WorkerError) as killed, trainer:
         trainer.fit()
     message = str(killed.value)
     for part in ("step 2", "generate", "rank 1", "actor", platform.node()):

@@ -42,12 +42,12 @@ def test_a_verl_reward_file_and_verl_parquet_drive_a_dapo_run_unchanged(rl_setup
         "algorithm.filter_groups.enable=true",
         "trainer.total_steps=1",
     )
-    trainer = RLTrainer(cfg)
     seen = {}
-    trainer.flow.insert_after(
-        "filter_groups", Stage("keep", lambda ctx, b: seen.update(batch=b), reads=("scores", "uid"))
-    )
-    step = trainer.fit()[-1]
+    with RLTrainer(cfg) as trainer:
+        trainer.flow.insert_after(
+            "filter_groups", Stage("keep", lambda ctx, b: seen.update(batch=b), reads=("scores", "uid"))
+        )
+        step = trainer.fit()[-1]
     assert step["reward/acc/mean"] >= 0 and step["reward/chars/mean"] > 0 and step["reward/errors"] == 0
     batch = seen["batch"]  # what the step trained on: full, and only groups whose rewards vary
     assert len(batch) == cfg.data.train_batch_size * cfg.rollout.n
@@ -66,14 +66,14 @@ def test_rewards_from_a_reward_model_worker(rl_setup, tiny_reward_models, tmp_pa
         "trainer.total_steps=1",
         "trainer.eval_every=0",  # validation once, before the step: scored by the reward model too
     )
-    trainer = RLTrainer(cfg)
     seen = {}
 
     def keep(ctx, batch):
         seen["rm_scores"], seen["scores"] = batch["rm_scores"].clone(), batch["scores"].clone()
 
-    trainer.flow.insert_after("reward", Stage("keep", keep, reads=("rm_scores", "scores")))
-    history = trainer.fit()
+    with RLTrainer(cfg) as trainer:
+        trainer.flow.insert_after("reward", Stage("keep", keep, reads=("rm_scores", "scores")))
+        history = trainer.fit()
     assert "reward_model" in trainer.flow.names and "timing/reward_model" in history[-1]
     assert history[0]["step"] == 0 and "val/reward/mean" in history[0]
     assert torch.allclose(seen["scores"], seen["rm_scores"].float())  # the RM is the whole reward

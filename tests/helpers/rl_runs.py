@@ -28,16 +28,16 @@ NOT_COMPARED = ("timing/", "throughput/", "step_seconds", "generate/", "checkpoi
 
 def run(cfg) -> tuple[list[dict], list[torch.Tensor]]:
     """fit() with a stage inserted after generate that keeps each step's responses (the Python API's
-    graph editing, used the way a user would)."""
-    trainer = RLTrainer(cfg)
+    graph editing, used the way a user would); the workers stop at the end."""
     responses: list[torch.Tensor] = []
 
     def keep(ctx, batch):
         if not ctx.validate:
             responses.append(batch["responses"].clone())
 
-    trainer.flow.insert_after("generate", Stage("keep_responses", keep, reads=("responses",)))
-    return trainer.fit(), responses
+    with RLTrainer(cfg) as trainer:
+        trainer.flow.insert_after("generate", Stage("keep_responses", keep, reads=("responses",)))
+        return trainer.fit(), responses
 
 
 def steps(history: list[dict]) -> list[dict]:

@@ -450,3 +450,15 @@ def test_validate_checks_configs_built_in_python():
 def test_algorithm_variants_load(tiny_run, overrides):
     cfg = load_config(QUICKSTART, tiny_run + overrides)
     assert cfg.critic.enable == (cfg.algorithm.adv_estimator == "gae")
+
+
+def test_auto_is_decided_once_and_again_only_for_a_field_set_back_to_none():
+    from megarl.config import resolve_auto
+
+    cfg = load_config(
+        None, ["algorithm.name=grpo", "rollout.n=4", "data.train_batch_size=16"], check_paths=False
+    )
+    assert resolve_auto(cfg) is cfg  # loaded = resolved: nothing left to decide, nothing copied
+    cfg.algorithm.old_log_prob = None  # "None: auto decides again"
+    again = resolve_auto(cfg)
+    assert again is not cfg and again.algorithm.old_log_prob == "fused" and cfg.algorithm.old_log_prob is None

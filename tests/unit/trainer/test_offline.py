@@ -30,3 +30,48 @@ def test_a_checkpoint_of_another_job_is_refused_with_the_way_out(tmp_path):
         check_job(tmp_path, {"job": "dpo"}, "kto")
     with pytest.raises(ResumeError, match=r"saved by megarl train \(RL\), but this run is megarl sft"):
         check_job(tmp_path, {}, "sft")
+
+
+def _stepping_trainer(tmp_path, done: int):
+    """An OfflineTrainer over 10 items, batches of 3 (3 steps an epoch), stopped after step `done`,
+    whose step records its batch (no workers)."""
+    from types import SimpleNamespace
+
+    from megarl.config.schema import MegarlConfig
+    from megarl.observe.progress import ProgressLog
+    from megarl.trainer.offline import OfflineTrainer
+    from megarl.trainer.roles import Roles
+    from megarl.trainer.run_session import RunSession
+
+    cfg = MegarlConfig()
+    cfg.trainer.output_dir, cfg.trainer.save_every, cfg.logging.report = str(tmp_path), -1, False
+    trainer = OfflineTrainer.__new__(OfflineTrainer)
+    trainer.cfg, trainer.examples, trainer.val_examples = cfg, list(range(10)), []
+    trainer.batch_size, trainer.steps_per_epoch = 3, 3
+    trainer.session = RunSession(cfg, "sft", 7, roles=Roles(actor=SimpleNamespace(shutdown=lambda: None)))
+    trainer.session.log = trainer.log = ProgressLog(tmp_path, 7, [])
+    trainer.session.profiler = trainer.profiler = SimpleNamespace(step=lambda step: _nothing())
+    trainer.start_step = trainer.done_step = done
+    trainer._epoch_batches, trainer._began, trainer.last_metrics = None, False, {}
+    seen = []
+    trainer.train_step = lambda indices: (seen.append(indices) or {}, 1)
+    return trainer, seen
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_offline_steps_walk_each_epochs_order_and_a_resumed_trainer_takes_up_the_next_batch(tmp_path):
+    from megarl.data.sft import batches
+
+    trainer, seen = _stepping_trainer(tmp_path / "a", done=0)
+    metrics = [trainer.step() for _ in range(7)]
+    seed = trainer.cfg.data.seed
+    expected = [b for epoch in range(3) for b in batches(list(range(10)), 3, seed, epoch)][:7]
+    assert seen == expected and [m["data/epoch"] for m in metrics] == [0, 0, 0, 1, 1, 1, 2]
+    resumed, seen_after = _stepping_trainer(tmp_path / "b", done=4)
+    resumed.step()
+    assert seen_after == [expected[4]]

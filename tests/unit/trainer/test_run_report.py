@@ -1,4 +1,5 @@
-"""RLTrainer.fit leaves a report of the run in its output_dir: after the last step, and after a crash."""
+"""An RLTrainer leaves a report of the run in its output_dir when it closes: after the last step, and
+after a crash."""
 
 from __future__ import annotations
 
@@ -7,26 +8,30 @@ from types import SimpleNamespace
 
 import pytest
 
+from megarl.checkpoint.run import RL_JOB
 from megarl.config.schema import MegarlConfig
 from megarl.observe.progress import ProgressLog
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.rl_trainer import RLTrainer
+from megarl.trainer.roles import Roles
+from megarl.trainer.run_session import RunSession
 
 pytestmark = pytest.mark.unit
 
 
 def fit_without_workers(output_dir: Path, crash_at: int | None = None) -> None:
-    """`RLTrainer.fit` over 3 steps whose `train_step` is a stand-in (no workers, no data)."""
+    """`RLTrainer.fit` over 3 steps whose `train_step` is a stand-in (no workers, no data), then close."""
     cfg = MegarlConfig()
     cfg.trainer.output_dir, cfg.trainer.total_steps = str(output_dir), 3
-    trainer = RLTrainer.__new__(RLTrainer)  # the loop only: __init__ would start the workers
-    trainer.cfg, trainer.total_steps, trainer.val_data = cfg, 3, None
-    trainer.is_writer, trainer.output_dir = True, output_dir
-    trainer.roles = SimpleNamespace(shutdown=lambda: None)
-    trainer.flow = SimpleNamespace(names=["generate"], describe=lambda: "generate")
-    trainer.log = ProgressLog(output_dir, 3, [])
-    trainer.start_step = 0
     cfg.trainer.save_every = -1
+    trainer = RLTrainer.__new__(RLTrainer)  # the loop only: __init__ would start the workers
+    trainer.cfg, trainer.val_data = cfg, None
+    trainer.session = RunSession(cfg, RL_JOB, 3, roles=Roles(actor=SimpleNamespace(shutdown=lambda: None)))
+    trainer.session.log = trainer.log = ProgressLog(output_dir, 3, [])
+    trainer.is_writer, trainer.output_dir = True, output_dir
+    trainer.flow = SimpleNamespace(names=["generate"], describe=lambda: "generate")
+    trainer.start_step = trainer.done_step = 0
+    trainer.history, trainer._began = [], False
     trainer.bad_steps = BadStepCounter(max_in_a_row=3)
 
     def train_step(step: int) -> dict[str, float]:
@@ -35,7 +40,8 @@ def fit_without_workers(output_dir: Path, crash_at: int | None = None) -> None:
         return {"reward/mean": 0.1 * step, "timing/generate": 1.0, "step_seconds": 1.5}
 
     trainer.train_step = train_step
-    trainer.fit()
+    with trainer:
+        trainer.fit()
 
 
 def test_a_finished_run_gets_its_report(tmp_path):

@@ -60,7 +60,7 @@ def test_a_failing_step_still_shuts_the_workers_down_and_closes_the_backends(
     actor, ref = FailingGroup(), FailingGroup()
     out = io.StringIO()
     trainer = RLTrainer(load_config(CONFIG, overrides), roles=Roles(actor=actor, ref=ref), stream=out)
-    with pytest.raises(RuntimeError, match="generate failed on rank 1"):
+    with pytest.raises(RuntimeError, match="generate failed on rank 1"), trainer:
         trainer.fit()
     assert actor.calls == [
         ("start_profile", 1, str(tmp_path / "run" / "profile" / "step_1"), [0]),

@@ -1,0 +1,128 @@
+"""RunSession: the lifecycle every trainer shares, from the resume checks made before any worker starts
+to the shutdown that stops them. A trainer keeps its data, rewards and step graph; the session owns the
+rest of a run.
+
+    session = RunSession(cfg, job="sft", total_steps=100)  # trainer.resume found and checked; no process yet
+    ...                                                     # the trainer checks its data against session.resumed
+    session.start()          # progress log, config.yaml + run_info.json, worker groups, profiler, checkpoints
+    session.resume_groups()  # the trained roles' weights, optimizer and RNG from session.resume_from
+    ...                      # steps: session.log, session.profiler, session.checkpoints
+    session.close()          # every worker process stopped, logging closed, the report written; idempotent
+
+`logging.report` is written at close once training began (`began_training`), also after a crash.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TextIO
+
+from megarl.checkpoint.run import (
+    RL_JOB,
+    TRAINED_ROLES,
+    RunCheckpoints,
+    check_job,
+    check_resumable,
+    precheck_roles,
+    read_trainer_state,
+    resolve_resume,
+)
+from megarl.config.schema import MegarlConfig
+from megarl.observe.profiling import StepProfiler
+from megarl.observe.progress import ProgressLog
+from megarl.observe.report import try_write_report
+from megarl.observe.run_files import write_run_files
+from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
+
+
+class RunSession:
+    def __init__(
+        self,
+        cfg: MegarlConfig,
+        job: str,
+        total_steps: int,
+        stream: TextIO | None = None,
+        roles: Roles | None = None,
+    ) -> None:
+        """Find trainer.resume's checkpoint and check it against `job` and the roles `cfg` (resolved)
+        starts; `roles`: groups already started (they are shut down at close like the session's own)."""
+        self.cfg, self.job, self.total_steps, self.stream = cfg, job, total_steps, stream
+        self.output_dir = Path(cfg.trainer.output_dir)
+        self.role_names = enabled_roles(cfg)
+        self.says = "megarl" if job == RL_JOB else f"megarl {job}"  # how its messages begin
+        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
+        self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer state
+        if self.resume_from is not None:
+            self.resumed = read_trainer_state(self.resume_from)
+            check_job(self.resume_from, self.resumed, job)
+            check_resumable(self.resume_from, self.role_names)
+            precheck_roles(self.resume_from, cfg, total_steps, self.role_names)
+        self.start_step = self.resumed["step"] if self.resumed is not None else 0
+        self.roles = roles
+        self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
+        self._log: ProgressLog | None = None
+        self.began_training = False  # set by the trainer at its first step: the report is due at close
+        self._closed = False
+
+    def start(self) -> Roles:
+        """Open the progress log, write the run files, start the worker groups (unless given), and set up
+        the profiler and the run's checkpoints. The caller closes the session if this raises."""
+        cfg = self.cfg
+        resume_step = self.start_step if self.resumed is not None else None
+        self._log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, self.stream, resume_step)
+        if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
+            write_run_files(cfg, self.output_dir)
+        if self.roles is None:
+            with self.log.task(f"starting the worker groups ({', '.join(self.role_names)})"):
+                self.roles = build_roles(cfg, self.total_steps)
+        self.is_writer = self.roles.is_writer
+        trained = {role: getattr(self.roles, role) for role in TRAINED_ROLES}
+        trained = {role: group for role, group in trained.items() if group is not None}
+        self.profiler = StepProfiler.for_run(cfg, trained, self.is_writer)
+        spmd = cfg.trainer.launcher == "torchrun"
+        self.checkpoints = RunCheckpoints(
+            self.output_dir, trained, self.is_writer, cfg.trainer.max_checkpoints, spmd=spmd
+        )
+        return self.roles
+
+    @property
+    def log(self) -> ProgressLog:
+        """The run's progress log (console, metrics.jsonl, the backends), open from `start()` on."""
+        if self._log is None:
+            raise RuntimeError("RunSession.log: call start() first")
+        return self._log
+
+    def resume_groups(self) -> None:
+        """Load every trained role's checkpoint from `resume_from` (when resuming), then keep aside the
+        checkpoints after the start step (another run's future, which this run must not resume into)."""
+        if self.resume_from is not None:
+            resume_from = self.resume_from
+            with self.log.task(f"resuming from {resume_from}"):
+                for role, group in self.checkpoints.groups.items():
+                    group.load_checkpoint(str(resume_from / role))
+        if self.is_writer and (superseded := self.checkpoints.supersede_after(self.start_step)):
+            self.log.warn(
+                f"{self.says}: checkpoints after step {self.start_step} belong to another run's future; "
+                f"kept aside as {', '.join(n + '.superseded' for n in superseded)} in {self.checkpoints.root}"
+            )
+
+    def retarget(self, total_steps: int) -> None:
+        """Make `total_steps` the run's last step (what the progress log counts to)."""
+        self.total_steps = total_steps
+        if self._log is not None:
+            self._log.retarget(total_steps)
+
+    def close(self) -> None:
+        """Stop every worker process, flush and close the logging backends, and write the report once
+        training began (logging.report); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.roles is not None:
+                self.roles.shutdown()
+        finally:
+            if self._log is not None:
+                self._log.close()
+                if self.began_training and self.is_writer and self.cfg.logging.report:
+                    try_write_report(self.output_dir, self._log.message)  # never raises
