@@ -27,7 +27,7 @@ def fit_without_workers(output_dir: Path, crash_at: int | None = None) -> None:
     trainer = RLTrainer.__new__(RLTrainer)  # the loop only: __init__ would start the workers
     trainer.cfg, trainer.val_data = cfg, None
     trainer.session = RunSession(cfg, RL_JOB, 3, roles=Roles(actor=SimpleNamespace(shutdown=lambda: None)))
-    trainer.session.log = trainer.log = ProgressLog(output_dir, 3, [])
+    trainer.session._log = trainer.log = ProgressLog(output_dir, 3, [])
     trainer.is_writer, trainer.output_dir = True, output_dir
     trainer.flow = SimpleNamespace(names=["generate"], describe=lambda: "generate")
     trainer.start_step = trainer.done_step = 0
