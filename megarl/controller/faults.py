@@ -27,6 +27,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
+from megarl.errors import EXIT_USAGE, MegarlError
+
 ENV = "MEGARL_FAULT"
 KINDS = ("kill", "hang", "raise", "nan")
 
@@ -36,11 +38,13 @@ _SPEC = re.compile(
 )
 
 
-class FaultSpecError(ValueError):
+class FaultSpecError(MegarlError, ValueError):
     """MEGARL_FAULT cannot be parsed; the message names the bad spec and the grammar."""
 
+    exit_code = EXIT_USAGE
 
-class InjectedFault(RuntimeError):
+
+class InjectedFault(MegarlError, RuntimeError):
     """What `raise@...` raises."""
 
 

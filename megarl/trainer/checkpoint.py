@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.atomic_write import write_text_atomically
+from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.models.convert.run_checkpoints import (
     CHECKPOINTS_DIR,
     LATEST_FILE,
@@ -46,8 +47,10 @@ SUPERSEDED_SUFFIX = ".superseded"  # checkpoints after the step a run resumed fr
 DELETING_SUFFIX = ".deleting"  # a pruned checkpoint being deleted
 
 
-class ResumeError(ValueError):
+class ResumeError(MegarlError, ValueError):
     """trainer.resume names something that is not a complete checkpoint, or one this run cannot use."""
+
+    exit_code = EXIT_USAGE
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:

@@ -20,13 +20,16 @@ import torch
 import torch.distributed as dist
 
 from megarl.distributed.layout import ParallelLayout
+from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.models.convert.run_checkpoints import META_FILE, PARTIAL_SUFFIX
 
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MegarlError, ValueError):
     """A checkpoint directory that is missing, incomplete or not a megarl checkpoint."""
+
+    exit_code = EXIT_USAGE
 
 
 def partial_dir(out_dir: str | Path) -> Path:
