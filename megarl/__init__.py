@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "load_config": "megarl.config.load",
     "ConfigError": "megarl.config.errors",
+    "MegarlError": "megarl.errors",
     "MegarlConfig": "megarl.config.schema",
     "ParallelLayout": "megarl.distributed.layout",
     "Batch": "megarl.protocol",
@@ -38,6 +39,7 @@ __all__ = [
     "ConfigError",
     "Dispatch",
     "MegarlConfig",
+    "MegarlError",
     "ParallelLayout",
     "RLTrainer",
     "SFTTrainer",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from megarl.controller.dispatch import Dispatch, register
     from megarl.controller.worker import Worker, WorkerError
     from megarl.distributed.layout import ParallelLayout
+    from megarl.errors import MegarlError
     from megarl.protocol import Batch
     from megarl.trainer.dataflow import Dataflow, Stage
     from megarl.trainer.preference import (

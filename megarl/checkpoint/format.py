@@ -21,12 +21,15 @@ import torch.distributed as dist
 
 from megarl.checkpoint.paths import META_FILE, PARTIAL_SUFFIX
 from megarl.distributed.layout import ParallelLayout
+from megarl.errors import EXIT_USAGE, MegarlError
 
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MegarlError, ValueError):
     """A checkpoint directory that is missing, incomplete or not a megarl checkpoint."""
+
+    exit_code = EXIT_USAGE
 
 
 def partial_dir(out_dir: str | Path) -> Path:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from megarl.errors import EXIT_USAGE, MegarlError
+
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_FILE = "latest"
 META_FILE = "megarl_checkpoint.json"  # a megarl checkpoint directory's metadata (megarl.checkpoint.format)
@@ -22,8 +24,10 @@ PARTIAL_SUFFIX = ".partial"  # a directory being written, renamed into place whe
 _STEP = re.compile(r"^step_(\d+)$")
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(MegarlError, FileNotFoundError):
     """The path holds no usable checkpoint; the message says what is there instead."""
+
+    exit_code = EXIT_USAGE
 
 
 def step_dir_name(step: int) -> str:

@@ -39,6 +39,7 @@ from megarl.checkpoint.paths import (
     resolve_role_checkpoint,
     step_dir_name,
 )
+from megarl.errors import EXIT_USAGE, MegarlError
 
 TRAINER_STATE = "trainer_state.json"
 STATE_VERSION = 1
@@ -46,8 +47,10 @@ SUPERSEDED_SUFFIX = ".superseded"  # checkpoints after the step a run resumed fr
 DELETING_SUFFIX = ".deleting"  # a pruned checkpoint being deleted
 
 
-class ResumeError(ValueError):
+class ResumeError(MegarlError, ValueError):
     """trainer.resume names something that is not a complete checkpoint, or one this run cannot use."""
+
+    exit_code = EXIT_USAGE
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:

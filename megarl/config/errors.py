@@ -7,12 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from megarl.distributed.layout import divisors
+from megarl.errors import EXIT_USAGE, MegarlError
 
 __all__ = ["ConfigError", "at_least", "divisors", "in_range", "join", "need_divides"]
 
 
-class ConfigError(ValueError):
+class ConfigError(MegarlError, ValueError):
     """An invalid configuration; `problems` holds one actionable line per problem."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)

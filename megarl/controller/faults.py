@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from megarl.errors import EXIT_USAGE, MegarlError
+
 ENV = "MEGARL_FAULT"
 KINDS = ("kill", "hang", "raise", "nan")
 
@@ -39,11 +41,13 @@ _SPEC = re.compile(
 )
 
 
-class FaultSpecError(ValueError):
+class FaultSpecError(MegarlError, ValueError):
     """MEGARL_FAULT cannot be parsed; the message names the bad spec and the grammar."""
 
+    exit_code = EXIT_USAGE
 
-class InjectedFault(RuntimeError):
+
+class InjectedFault(MegarlError, RuntimeError):
     """What `raise@...` raises."""
 
 

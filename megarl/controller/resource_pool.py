@@ -16,9 +16,13 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from megarl.errors import EXIT_USAGE, MegarlError
 
-class ResourcePoolError(RuntimeError):
+
+class ResourcePoolError(MegarlError, RuntimeError):
     """The cluster cannot host the requested pool, or the pool is already full or removed."""
+
+    exit_code = EXIT_USAGE
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:

@@ -19,10 +19,11 @@ from megarl.distributed.backend import init_distributed
 from megarl.distributed.env import detect_env
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
+from megarl.errors import MegarlError
 from megarl.observe.profiling import RANK_PROFILER
 
 
-class RemoteError(RuntimeError):
+class RemoteError(MegarlError, RuntimeError):
     """An exception raised inside a worker, carrying where it happened and the traceback text."""
 
     def __init__(self, rank: int, host: str, pid: int, error: str, trace: str) -> None:
@@ -33,7 +34,7 @@ class RemoteError(RuntimeError):
         return RemoteError, (self.rank, self.host, self.pid, self.error, self.trace)
 
 
-class WorkerError(RuntimeError):
+class WorkerError(MegarlError, RuntimeError):
     """A dispatched call (or the start of a group) failed or hung on some rank; raised in the driver."""
 
     def __init__(self, message: str, role: str, rank: int | None = None, host: str = "", pid: int = 0):

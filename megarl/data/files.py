@@ -12,11 +12,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from megarl.errors import EXIT_USAGE, MegarlError
+
 SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
-class DataError(ValueError):
+class DataError(MegarlError, ValueError):
     """A dataset that cannot be used; the message names the files, the rows and the fix."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

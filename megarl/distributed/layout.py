@@ -15,9 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from megarl.errors import EXIT_USAGE, MegarlError
 
-class LayoutError(ValueError):
+
+class LayoutError(MegarlError, ValueError):
     """A parallel layout that cannot work; `problems` holds one line per problem, each saying how to fix it."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)

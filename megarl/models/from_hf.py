@@ -15,11 +15,14 @@ import torch.nn.functional as F
 
 from megarl.distributed.layout import ParallelLayout
 from megarl.distributed.platform import platform
+from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.models import dtypes
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(MegarlError, ValueError):
     """The HF checkpoint uses a feature megarl does not convert."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,14 @@ import importlib.util
 import os
 import sys
 
+from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.rewards.registry import RewardFn
 
 
-class RewardError(ValueError):
+class RewardError(MegarlError, ValueError):
     """A reward that cannot be computed at all (as opposed to one row's failure); says how to fix it."""
+
+    exit_code = EXIT_USAGE
 
 
 def load_reward_function(path: str, name: str = "compute_score") -> RewardFn:

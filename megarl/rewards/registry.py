@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.rewards import countdown, digits, gsm8k, math_boxed
 
 RewardFn = Callable[..., float | dict[str, Any]]
@@ -17,8 +18,10 @@ RewardFn = Callable[..., float | dict[str, Any]]
 _REWARDS: dict[str, RewardFn] = {}
 
 
-class UnknownDataSource(KeyError):
+class UnknownDataSource(MegarlError, KeyError):
     """No rule reward is registered for a data_source."""
+
+    exit_code = EXIT_USAGE
 
     def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0])

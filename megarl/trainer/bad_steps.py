@@ -9,8 +9,10 @@ data position still advance (the step is not replayed).
 
 from __future__ import annotations
 
+from megarl.errors import MegarlError
 
-class BadStepsError(RuntimeError):
+
+class BadStepsError(MegarlError, RuntimeError):
     """Too many steps in a row had a non-finite gradient norm (`megarl train` exits 1)."""
 
 

@@ -26,11 +26,14 @@ from typing import Any
 
 import torch
 
+from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.protocol import Batch
 
 
-class DataflowError(ValueError):
+class DataflowError(MegarlError, ValueError):
     """A graph that cannot run, or a stage that broke its declared contract."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass

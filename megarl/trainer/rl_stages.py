@@ -30,6 +30,7 @@ from megarl.algorithms.pf_ppo import pf_ppo_resample
 from megarl.algorithms.rollout_correction import compute_rollout_correction
 from megarl.config.schema import MegarlConfig
 from megarl.data.batching import dp_balance_order, imbalance
+from megarl.errors import MegarlError
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
@@ -116,7 +117,7 @@ def reward_stage(reward: Any, with_rm: bool) -> Stage:
     return Stage("reward", score, reads=reads, writes=(Col.SCORES, Col.TOKEN_LEVEL_SCORES))
 
 
-class DynamicSamplingError(RuntimeError):
+class DynamicSamplingError(MegarlError, RuntimeError):
     """DAPO's dynamic sampling could not fill a batch within algorithm.filter_groups.max_num_gen_batches."""
 
 

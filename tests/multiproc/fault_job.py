@@ -40,8 +40,8 @@ def rank_main(directory: Path) -> int:
 
 
 def launch(directory: Path) -> int:
+    from megarl.cli.torchrun import supervise_torchrun
     from megarl.distributed.launch import free_port
-    from megarl.train import supervise_torchrun
 
     cmd = [
         sys.executable,

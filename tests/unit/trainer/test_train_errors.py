@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.train import run
+from megarl.cli.job import run
 from tests.helpers.data import verl_row, write_parquet
 
 CONFIG = str(Path(__file__).resolve().parents[3] / "configs" / "quickstart_grpo.yaml")

@@ -1,0 +1,111 @@
+"""The job runner: load and check a config, run its trainer, and end with the exit code the outcome
+calls for. It serves these commands, and every rank of the torchrun entry (`-m megarl.train`):
+
+megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
+megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
+megarl dpo|ipo|kto|orpo|simpo CONFIG [...]    offline preference training, writes an HF checkpoint
+
+    megarl train configs/quickstart_grpo.yaml rollout.n=8                   # trainer.launcher=ray (default)
+    torchrun --nproc_per_node 2 -m megarl.train CONFIG trainer.launcher=torchrun ...   # SPMD, no Ray
+    megarl train CONFIG trainer.launcher=torchrun     # the same: megarl starts torchrun on this node
+
+Every config problem is reported before any process starts (exit 2). Ctrl-C stops every worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from megarl.cli.errors import report_error
+from megarl.errors import EXIT_USAGE, MegarlError
+
+JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo")  # `train` = RL; the others set algorithm.name
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    from megarl.config.validate_algorithm import PREFERENCE_ALGORITHMS
+
+    jobs = [("train", "RL training"), ("sft", "supervised fine-tuning")]
+    jobs += [(name, f"offline preference training with {name.upper()}") for name in PREFERENCE_ALGORITHMS]
+    for name, what in jobs:
+        job = commands.add_parser(name, help=f"{what} from a YAML config")
+        job.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
+        job.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
+        job.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    return run(args.config, args.overrides, job=args.command)
+
+
+def run(config: str, overrides: list[str], job: str = "train") -> int:
+    """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
+    from megarl.cli.torchrun import relaunch_with_torchrun, under_torchrun
+    from megarl.config import load_config
+    from megarl.config.validate_algorithm import RL_ALGORITHMS
+    from megarl.controller import faults
+    from megarl.controller.rank_status import RANK_STATUS, STATUS_DIR
+
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}; use one of {', '.join(JOBS)}")
+    argv = [config, *overrides, "--job", job]
+    try:
+        cfg = load_config(config, overrides if job == "train" else [f"algorithm.name={job}", *overrides])
+        faults.active()  # a bad MEGARL_FAULT fails here, not inside a worker
+    except (MegarlError, FileNotFoundError) as e:
+        return report_error(job, e)
+    if job == "train" and cfg.algorithm.name not in RL_ALGORITHMS:
+        name = cfg.algorithm.name
+        print(
+            f"megarl train: error: algorithm.name={name} is not RL training; run `megarl {name} {config}`",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if cfg.trainer.launcher == "torchrun" and not under_torchrun():
+        return relaunch_with_torchrun(cfg, argv)
+    if cfg.trainer.launcher == "ray" and under_torchrun():
+        print("megarl: this process runs under torchrun; set trainer.launcher=torchrun", file=sys.stderr)
+        return EXIT_USAGE
+    if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
+        RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
+    try:
+        if job == "sft":
+            from megarl.trainer.sft import SFTTrainer
+
+            with SFTTrainer(cfg) as trainer:
+                trainer.fit()
+        elif job != "train":
+            from megarl.trainer.preference import PreferenceTrainer
+
+            with PreferenceTrainer(cfg) as trainer:
+                trainer.fit()
+        else:
+            from megarl.trainer.rl_trainer import RLTrainer
+
+            with RLTrainer(cfg) as trainer:
+                trainer.fit()
+    except (MegarlError, OSError) as e:  # a failed run's workers are already stopped
+        RANK_STATUS.finish(e)
+        return report_error(job, e)
+    except KeyboardInterrupt as e:
+        RANK_STATUS.finish(e)
+        print("megarl: interrupted; every worker was stopped", file=sys.stderr)
+        return 130
+    except BaseException as e:
+        RANK_STATUS.finish(e)
+        raise
+    RANK_STATUS.finish()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The torchrun entry's command line (`python -m megarl.train CONFIG [key=value ...] [--job JOB]`)."""
+    parser = argparse.ArgumentParser(prog="python -m megarl.train")
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--job", choices=JOBS, default="train", help="what to run (default: RL training)")
+    args = parser.parse_args(argv)
+    return run(args.config, args.overrides, job=args.job)

@@ -1,0 +1,20 @@
+"""`megarl quickstart [--out DIR]`: tiny model -> SFT warm-start -> GRPO, on 2 CPU processes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    quick = commands.add_parser("quickstart", help="tiny model -> SFT warm-start -> GRPO on 2 CPU processes")
+    quick.add_argument("--out", default="outputs/quickstart")
+    quick.add_argument("--seed", type=int, default=0, help="seed of the model, data, SFT and GRPO")
+    quick.add_argument("--grpo-steps", type=int, default=None, help="default: the config's")
+    quick.set_defaults(func=quickstart)
+
+
+def quickstart(args: argparse.Namespace) -> int:
+    from megarl.quickstart import run_quickstart
+
+    return run_quickstart(Path(args.out), seed=args.seed, grpo_steps=args.grpo_steps)

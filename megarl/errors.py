@@ -1,0 +1,14 @@
+"""`MegarlError`: the root of every error megarl raises on purpose, carrying the exit code of the
+`megarl` command it ends. Catch it to handle any of them (`except megarl.MegarlError`)."""
+
+from __future__ import annotations
+
+EXIT_FAILED = 1  # a run that started and failed (the code of any uncaught Python exception)
+EXIT_USAGE = 2  # input rejected before training: flags, config, data, checkpoints, the cluster
+
+
+class MegarlError(Exception):
+    """An error whose message says what went wrong and how to fix it; `megarl` prints the message
+    (no traceback) and exits with `exit_code`."""
+
+    exit_code: int = EXIT_FAILED
