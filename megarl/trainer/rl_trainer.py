@@ -48,7 +48,7 @@ from megarl.trainer.checkpoint import (
     save_due,
 )
 from megarl.trainer.dataflow import StepContext
-from megarl.trainer.rl_stages import build_rl_dataflow
+from megarl.trainer.rl_stages import build_rl_dataflow, scoring_stages
 from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
 
 
@@ -224,8 +224,8 @@ class RLTrainer:
         """Greedy (rollout.val) responses to every validation prompt, scored by the reward: mean score
         overall (`val/reward/mean`) and per data_source (`val/<data_source>/reward/mean`)."""
         start = time.perf_counter()
-        # the flow's own generate and scoring stages (a user's replacement reward included)
-        stages = [self.flow[name] for name in ("generate", "reward_model", "reward") if name in self.flow]
+        # the flow's own generate and scoring stages (a user's reward or added scoring stage included)
+        stages = [self.flow["generate"], *scoring_stages(self.flow)]
         scores, sources, samples = [], [], []
         for prompts in self.val_data.batches(self.cfg.data.val_batch_size or len(self.val_data)):
             ctx = StepContext(step=step, validate=True)
