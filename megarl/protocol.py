@@ -81,6 +81,11 @@ class Col:
     # response token, i.e. the tokens the model reads
     ATTENTION_MASK = "attention_mask"
     UID = "uid"  # [n] long: the prompt's group id (the rollout numbers the prompts when it is absent)
+    # [n] non-tensor, from megarl.data.PromptDataset: the row's task (which rule reward scores it), its
+    # reference answer and its extra fields, handed to the reward function
+    DATA_SOURCE = "data_source"
+    GROUND_TRUTH = "ground_truth"
+    EXTRA_INFO = "extra_info"
 
     # The rollout (megarl.rollout.base.rollout_batch).
     RESPONSES = "responses"  # [n, R] long: response tokens, right-padded with the pad id

@@ -36,7 +36,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from megarl.config.schema import MegarlConfig, RewardModelConfig
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 from megarl.rewards.custom import RewardError, load_reward_function
 from megarl.rewards.overlong import overlong_penalty
 from megarl.rewards.registry import RewardFn, known_data_sources, reward_for
@@ -75,6 +75,29 @@ class RewardComputer:
 
     def weight(self, term: str) -> float:
         return float(self.weights.get(term, 1.0))
+
+    def reads(self, reward_model: bool) -> tuple[str, ...]:
+        """The columns `score` reads, so that the reward stage declares its every input: the response and
+        the rows' data_source, ground_truth and extra_info for the function term, the response for the
+        overlong penalty, `rm_scores` when the reward model's term counts (`reward_model`: a reward model
+        writes it), and every other column reward.weights names. (`score` also accepts a batch with verl's
+        `reward_model` dicts instead of `ground_truth`, or a `response_text` column; the trainer's batches
+        carry the columns named here.)"""
+        response = (Col.RESPONSES, Col.RESPONSE_MASK)
+        columns: tuple[str, ...] = ()
+        if self.weight(FUNCTION) != 0:
+            columns = (*response, Col.DATA_SOURCE, Col.GROUND_TRUTH, Col.EXTRA_INFO)
+        elif self.overlong.enable:
+            columns = response
+        if self.weight(RM) != 0 and (reward_model or RM in self.weights):
+            columns += (Col.RM_SCORES,)
+        return columns + self.column_terms
+
+    @property
+    def column_terms(self) -> tuple[str, ...]:
+        """The batch columns reward.weights adds as terms (besides function and rm): a stage the user
+        adds before the reward writes each."""
+        return tuple(n for n, w in self.weights.items() if n not in (FUNCTION, RM) and w != 0)
 
     def check_data_sources(self, data_sources: Iterable[str], where: str = "the batch") -> None:
         """Raise `RewardError` when a data_source has no reward and no reward.function is set; call it on

@@ -12,6 +12,11 @@ before it that writes a column it reads, and after every stage `connect`ed befor
 by `run` and by the trainer when it builds the graph) fails when a stage reads a column that neither the
 inputs nor an earlier stage provide, naming the stage, the column and the stage that writes it, if any.
 
+A graph edit never goes silently unused: a stage that rewrites a column after another stage derived a
+column from it (directly or through further stages) while a later stage still reads what was derived is
+refused by `check()` and by the edit itself, naming both stages and where to put the new one. A stage
+that rewrites a column for the stages after it only, on purpose, says so with `refines`.
+
 A stage's function gets the step context and the batch and returns the columns it wrote (a Batch or a
 dict), which are merged into the batch; a stage built with `new_rows=True` returns the whole new batch
 instead (it may drop rows: DAPO's dynamic sampling, a length filter).
@@ -50,11 +55,28 @@ StageFn = Callable[[StepContext, Batch], Batch | dict[str, Any] | None]
 
 @dataclass(frozen=True)
 class Stage:
+    """A named step of the graph: `fn(ctx, batch)` reading the columns `reads` and writing `writes`.
+
+    `refines` names columns of `writes` the stage rewrites for the stages after it only: what earlier
+    stages derived from the old values stays as it is, by design (generate extends the prompts'
+    attention_mask over the responses; rollout correction narrows response_mask after the reward was
+    placed on each response's last token). Any other rewrite of a column that something was derived from
+    must come before the stage that derived it, or the graph is refused.
+    """
+
     name: str
     fn: StageFn
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     new_rows: bool = False  # fn returns the whole batch with new rows (generate: n per prompt; filters)
+    refines: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not set(self.refines) <= set(self.writes):
+            raise DataflowError(
+                f"stage {self.name!r} refines {sorted(set(self.refines) - set(self.writes))}, which it "
+                f"does not write; refines names columns of writes ({', '.join(self.writes) or 'none'})"
+            )
 
     def run(self, ctx: StepContext, batch: Batch) -> Batch:
         missing = [c for c in self.reads if c not in batch]
@@ -114,57 +136,54 @@ class Dataflow:
 
     def add_stage(self, stage: Stage) -> Dataflow:
         """Append `stage` (it runs after everything it reads from)."""
-        if stage.name in self:
-            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
-        self._stages.append(stage)
-        return self
+        self._refuse_duplicate(stage)
+        return self._edit(lambda: self._stages.append(stage))
 
     def insert_after(self, name: str, stage: Stage) -> Dataflow:
         """Put `stage` right after the stage `name`."""
-        if stage.name in self:
-            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
-        self._stages.insert(self._index(name) + 1, stage)
-        return self
+        self._refuse_duplicate(stage)
+        position = self._index(name) + 1
+        return self._edit(lambda: self._stages.insert(position, stage))
 
     def insert_before(self, name: str, stage: Stage) -> Dataflow:
         """Put `stage` right before the stage `name`."""
-        if stage.name in self:
-            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
-        self._stages.insert(self._index(name), stage)
-        return self
+        self._refuse_duplicate(stage)
+        position = self._index(name)
+        return self._edit(lambda: self._stages.insert(position, stage))
 
     def replace(self, name: str, stage: Stage) -> Dataflow:
         """Swap the stage `name` for `stage` (same position; edges to `name` now point at `stage`)."""
         if stage.name != name and stage.name in self:
             raise DataflowError(f"a stage named {stage.name!r} exists already; remove it first")
-        self._stages[self._index(name)] = stage
-        self._edges = {
-            (stage.name if a == name else a, stage.name if b == name else b) for a, b in self._edges
-        }
-        return self
+        position = self._index(name)
+
+        def swap() -> None:
+            self._stages[position] = stage
+            self._edges = {
+                (stage.name if a == name else a, stage.name if b == name else b) for a, b in self._edges
+            }
+
+        return self._edit(swap)
 
     def remove(self, name: str) -> Dataflow:
-        del self._stages[self._index(name)]
-        self._edges = {(a, b) for a, b in self._edges if name not in (a, b)}
-        return self
+        position = self._index(name)
+
+        def drop() -> None:
+            del self._stages[position]
+            self._edges = {(a, b) for a, b in self._edges if name not in (a, b)}
+
+        return self._edit(drop)
 
     def connect(self, upstream: str, downstream: str) -> Dataflow:
         """Make `downstream` run after `upstream` (an edge no column expresses)."""
         self._index(upstream), self._index(downstream)
-        edge = (upstream, downstream)
-        added = edge not in self._edges
-        self._edges.add(edge)
-        try:
-            self._ordered()  # a cycle fails here, naming the stages
-        except DataflowError:
-            if added:
-                self._edges.discard(edge)
-            raise
-        return self
+        return self._edit(lambda: self._edges.add((upstream, downstream)))
 
-    def check(self) -> None:
-        """Raise DataflowError if some stage reads a column nothing upstream writes."""
-        available = set(self.inputs)
+    def check(self, awaiting: Iterable[str] = ()) -> None:
+        """Raise DataflowError if some stage reads a column nothing upstream writes, or a column derived
+        from one that a later stage rewrote (the rewrite would not reach it). `awaiting`: columns a stage
+        still to be added will write (a graph built before the user's edits), not reported missing."""
+        available = set(self.inputs) | set(awaiting)
         ordered = self._ordered()
         for position, stage in enumerate(ordered):
             for column in stage.reads:
@@ -180,6 +199,7 @@ class Dataflow:
                     f"stage {stage.name!r} reads column {column!r}, which nothing upstream writes: {hint}"
                 )
             available.update(stage.writes)
+        refuse_stale_reads(ordered, self.inputs)
 
     def run(self, batch: Batch, ctx: StepContext) -> Batch:
         """Every stage in order on `batch`; `timing/<stage>` seconds go into `ctx.metrics`."""
@@ -198,6 +218,21 @@ class Dataflow:
             f"{s.name:>16}: {', '.join(s.reads) or '-'} -> {', '.join(s.writes) or '-'}"
             for s in self._ordered()
         )
+
+    def _refuse_duplicate(self, stage: Stage) -> None:
+        if stage.name in self:
+            raise DataflowError(f"a stage named {stage.name!r} exists already; use replace() to swap it")
+
+    def _edit(self, change: Callable[[], None]) -> Dataflow:
+        """Apply `change` to the graph, undone if it makes a cycle or leaves a stale read (see `check`)."""
+        stages, edges = list(self._stages), set(self._edges)
+        change()
+        try:
+            refuse_stale_reads(self._ordered(), self.inputs)  # a cycle fails in _ordered, naming the stages
+        except DataflowError:
+            self._stages, self._edges = stages, edges
+            raise
+        return self
 
     def _index(self, name: str) -> int:
         for i, stage in enumerate(self._stages):
@@ -227,3 +262,57 @@ class Dataflow:
             done.add(ready.name)
             remaining.remove(ready)
         return ordered
+
+
+# A column's version is the stage that wrote it (None: the graph's inputs); a lineage maps each
+# (column, version) a column was derived from to the first (position, stage, column) that derived from it.
+Version = str | None
+Lineage = dict[tuple[str, Version], tuple[int, str, str]]
+
+
+def refuse_stale_reads(ordered: list[Stage], inputs: Iterable[str]) -> None:
+    """Raise DataflowError when a stage reads a column derived (through any chain of stages) from a
+    version of another column that a later stage rewrote without `refines`: that rewrite would not reach
+    the reader, as a reward rewritten after the advantages were computed never reaches the update."""
+    current: dict[str, list[Version]] = {c: [None] for c in inputs}  # the versions that count as current
+    lineage: dict[str, Lineage] = {c: {} for c in inputs}
+    for position, stage in enumerate(ordered):
+        for column in stage.reads:
+            _refuse_stale(stage, column, lineage.get(column, {}), current)
+        inherited: Lineage = {}
+        for column in stage.reads:
+            for key, origin in lineage.get(column, {}).items():
+                inherited[key] = min(origin, inherited.get(key, origin))
+        for column in stage.writes:
+            derived = dict(inherited)
+            for read in stage.reads:
+                if read in current and read != column:  # an in-place update derives from itself
+                    key, origin = (read, current[read][-1]), (position, stage.name, column)
+                    derived[key] = min(origin, derived.get(key, origin))
+            for rewritten in stage.writes:  # what a stage writes together is consistent with itself
+                if rewritten != column and any(source == rewritten for source, _ in derived):
+                    derived[(rewritten, stage.name)] = (position, stage.name, column)
+            lineage[column] = derived
+            if column in stage.refines and column in current:
+                current[column].append(stage.name)
+            else:
+                current[column] = [stage.name]
+
+
+def _refuse_stale(stage: Stage, column: str, derived: Lineage, current: dict[str, list[Version]]) -> None:
+    versions: dict[str, list[tuple[Version, tuple[int, str, str]]]] = {}
+    for (source, version), origin in derived.items():
+        versions.setdefault(source, []).append((version, origin))
+    for source, seen in versions.items():
+        if source == column or any(version in current[source] for version, _ in seen):
+            continue
+        _, deriver, derived_column = min(origin for _, origin in seen)
+        writer = current[source][0]
+        via = "" if derived_column == column else f", which follows from {derived_column!r}"
+        raise DataflowError(
+            f"stage {writer!r} rewrites column {source!r} after stage {deriver!r} derived {derived_column!r} "
+            f"from it, and stage {stage.name!r} reads {column!r}{via}: the rewrite would not reach "
+            f"{stage.name!r}. Insert {writer!r} before {deriver!r} (insert_before({deriver!r}, ...)) so it "
+            f"runs first, or, if the stages after {writer!r} alone should see its {source!r}, declare "
+            f"refines=({source!r},) on it"
+        )

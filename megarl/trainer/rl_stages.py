@@ -1,18 +1,24 @@
 """The stages of one RL step (DESIGN §3) and the graph each algorithm is built from.
 
-    remax_baseline?  generate  reward_model?  reward  filter_groups?  balance_batch?  old_log_prob
-    rollout_correction?  ref_log_prob?  values?  advantages  pf_ppo?  update_critic?  update_actor
+    remax_baseline?  generate  reward_model?  reward  token_rewards  filter_groups?  balance_batch?
+    old_log_prob  rollout_correction?  ref_log_prob?  values?  advantages  pf_ppo?  update_critic?  update_actor
 
 `build_rl_dataflow(cfg, roles, reward)` assembles the graph for `algorithm.adv_estimator`: GAE adds the
 critic's stages, ReMax the greedy-baseline generation, a KL term the reference, a reward model its
 scoring, DAPO's dynamic sampling its filter, rollout correction its weights/rejection (in bypass mode
 old_log_prob copies the engine's log-probs instead of recomputing them), PF-PPO its resampling. The trainer and the Python API run the same graph; users edit it with Dataflow's methods.
+
+The stages between generate and token_rewards are the scoring: they turn rollouts into `scores`, and
+they also score ReMax's greedy baseline, DAPO's extra batches and validation. A stage inserted there
+(`insert_after("reward", ...)` rewriting `scores`, or one writing a column reward.weights names) changes
+what trains; a stage rewriting `scores` after token_rewards is refused when it is inserted, since the
+advantages would still follow the old scores.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,11 +39,15 @@ from megarl.data.batching import dp_balance_order, imbalance
 from megarl.errors import MegarlError
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
-from megarl.trainer.dataflow import Dataflow, Stage, StepContext
+from megarl.trainer.dataflow import Dataflow, DataflowError, Stage, StepContext
 from megarl.trainer.roles import Roles
 from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup
 
+if TYPE_CHECKING:
+    from megarl.rewards import RewardComputer
+
 PROMPT_COLUMNS = (Col.PROMPTS, Col.ATTENTION_MASK)
+DATASET_COLUMNS = (Col.DATA_SOURCE, Col.GROUND_TRUTH, Col.EXTRA_INFO)  # what the reward function reads
 SEQUENCE_COLUMNS = (Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES, Col.RESPONSE_MASK)
 
 # worker metric names -> the names users read in metrics.jsonl (verl's where verl has one)
@@ -77,7 +87,10 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
         return out
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())
-    return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True)
+    # each prompt's columns carried to its samples (the mask extended over the response): what was
+    # derived from the prompts (ReMax's baseline) holds for the samples
+    refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
+    return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True, refines=refines)
 
 
 def remax_baseline_stage(actor: ActorGroup, scoring: Callable[[], list[Stage]]) -> Stage:
@@ -100,21 +113,40 @@ def reward_model_stage(reward_model: RewardModelGroup) -> Stage:
     return Stage("reward_model", score, reads=SEQUENCE_COLUMNS, writes=(Col.RM_SCORES,))
 
 
-def reward_stage(reward: Any, with_rm: bool) -> Stage:
-    """Sequence scores (rule functions on the driver, plus reward-model scores when present), placed on
-    each response's last token."""
+def reward_stage(reward: RewardComputer, with_rm: bool) -> Stage:
+    """Sequence scores: reward.weights' sum of the rule function on the driver, the reward model's
+    scores (`with_rm`) and any weighted column. It reads what `reward.reads` names, so a stage writing a
+    weighted column must run before it."""
 
     def score(ctx: StepContext, batch: Batch) -> dict:
         scores, metrics = reward.score(batch)
         ctx.metrics.update(metrics)
-        mask = batch[Col.RESPONSE_MASK]
-        return {
-            Col.SCORES: scores.float(),
-            Col.TOKEN_LEVEL_SCORES: scores_to_token_rewards(scores.float(), mask),
-        }
+        return {Col.SCORES: scores.float()}
 
-    reads = (Col.RESPONSES, Col.RESPONSE_MASK) + ((Col.RM_SCORES,) if with_rm else ())
-    return Stage("reward", score, reads=reads, writes=(Col.SCORES, Col.TOKEN_LEVEL_SCORES))
+    return Stage("reward", score, reads=reward.reads(with_rm), writes=(Col.SCORES,))
+
+
+def token_rewards_stage() -> Stage:
+    """Each sequence's score placed on its response's last token: the token rewards the advantages
+    start from, so a stage that changes `scores` must run before this one to reach the update."""
+
+    def place(ctx: StepContext, batch: Batch) -> dict:
+        scores = batch[Col.SCORES].float()
+        return {Col.TOKEN_LEVEL_SCORES: scores_to_token_rewards(scores, batch[Col.RESPONSE_MASK])}
+
+    reads = (Col.SCORES, Col.RESPONSE_MASK)
+    return Stage("token_rewards", place, reads=reads, writes=(Col.TOKEN_LEVEL_SCORES,))
+
+
+def scoring_stages(flow: Dataflow) -> list[Stage]:
+    """The stages between generate and token_rewards, as they are now: what turns rollouts into scores
+    (reward_model, reward and whatever a user inserted among them)."""
+    names = flow.names
+    if "generate" not in names or "token_rewards" not in names:
+        raise DataflowError(
+            f"scoring runs the stages between generate and token_rewards; the graph has {names}"
+        )
+    return flow.stages[names.index("generate") + 1 : names.index("token_rewards")]
 
 
 class DynamicSamplingError(MegarlError, RuntimeError):
@@ -241,6 +273,9 @@ def rollout_correction_stage(cfg: MegarlConfig) -> Stage:
         correct,
         reads=(Col.OLD_LOG_PROBS, Col.ROLLOUT_LOG_PROBS, Col.RESPONSE_MASK),
         writes=writes,
+        # rejection trims the mask for the update and the estimator; the reward keeps its place on the
+        # original last token (verl's behaviour, see advantages_stage)
+        refines=(Col.RESPONSE_MASK,) if rejects else (),
     )
 
 
@@ -355,28 +390,29 @@ def update_actor_stage(
 
 
 def build_rl_dataflow(
-    cfg: MegarlConfig, roles: Roles, reward: Any, more_prompts: Callable[[], Batch] | None = None
+    cfg: MegarlConfig,
+    roles: Roles,
+    reward: RewardComputer,
+    more_prompts: Callable[[], Batch] | None = None,
 ) -> tuple[Dataflow, KLController]:
     """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
     `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it)."""
     algo = cfg.algorithm
-    flow = Dataflow(inputs=(*PROMPT_COLUMNS, Col.UID))
+    flow = Dataflow(inputs=(*PROMPT_COLUMNS, Col.UID, *DATASET_COLUMNS))
 
     def before(name: str) -> Callable[[], list[Stage]]:
         """The flow's stages before `name` (prompts in, scored rollouts out), as they are when it runs."""
         return lambda: flow.stages[: flow.names.index(name)]
 
-    def scoring() -> list[Stage]:
-        return [flow[n] for n in ("reward_model", "reward") if n in flow]
-
     stages = []
     if algo.adv_estimator == "remax":
-        stages.append(remax_baseline_stage(roles.actor, scoring))
+        stages.append(remax_baseline_stage(roles.actor, lambda: scoring_stages(flow)))
     with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
     stages.append(generate_stage(roles.actor, with_rollout))
     if roles.reward_model is not None:
         stages.append(reward_model_stage(roles.reward_model))
     stages.append(reward_stage(reward, roles.reward_model is not None))
+    stages.append(token_rewards_stage())
     if algo.filter_groups.enable:
         if more_prompts is None:
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
@@ -409,5 +445,5 @@ def build_rl_dataflow(
     )
     for stage in stages:
         flow.add_stage(stage)
-    flow.check()
+    flow.check(awaiting=reward.column_terms)  # the user's stages write them, once the graph is built
     return flow, kl_ctrl

@@ -36,7 +36,7 @@ from megarl.observe.run_files import read_metrics
 from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
-from megarl.trainer.rl_stages import build_rl_dataflow
+from megarl.trainer.rl_stages import build_rl_dataflow, scoring_stages
 from megarl.trainer.roles import Roles
 from megarl.trainer.run_session import RunSession
 
@@ -214,8 +214,8 @@ class RLTrainer:
             raise ValueError("validate() needs data.val_files")
         val_data, dump_dir = self.val_data, self.cfg.trainer.validation_data_dir
         start = time.perf_counter()
-        # the flow's own generate and scoring stages (a user's replacement reward included)
-        stages = [self.flow[name] for name in ("generate", "reward_model", "reward") if name in self.flow]
+        # the flow's own generate and scoring stages (a user's reward or added scoring stage included)
+        stages = [self.flow["generate"], *scoring_stages(self.flow)]
         scores, sources, samples = [], [], []
         for prompts in val_data.batches(self.cfg.data.val_batch_size or len(val_data)):
             ctx = StepContext(step=step, validate=True)

@@ -56,4 +56,4 @@ def test_three_steps_then_fit_to_five_on_the_same_workers_and_close_ends_them(rl
         time.sleep(0.2)
     assert [pid for pid in pids if _alive(pid)] == []
     trainer.close()  # a second close does nothing
-    assert trainer.roles.actor is None and trainer.log.sinks == []
+    assert not trainer.roles.actor.alive and trainer.log.sinks == []

@@ -238,3 +238,17 @@ def test_scores_the_rollout_of_a_dataset_batch_end_to_end(tmp_path, tokenizer):
     batch = rollout_batch(prompts, samples, max_tokens=8, pad_token_id=tokenizer.pad_token_id)
     scores, metrics = RewardComputer(RewardModelConfig(), tokenizer).score(batch)
     assert scores.tolist() == [1.0, 0.0, 0.0, 1.0] and metrics["reward/function/mean"] == 0.5
+
+
+def test_reads_names_every_column_a_score_reads(tokenizer):
+    default = RewardComputer(RewardModelConfig(), tokenizer)
+    prompt_side = ("data_source", "ground_truth", "extra_info")
+    assert default.reads(reward_model=False) == ("responses", "response_mask", *prompt_side)
+    assert default.reads(reward_model=True)[-1] == "rm_scores"
+    weighted = RewardComputer(
+        RewardModelConfig(weights={"function": 0.0, "curriculum": 0.25, "off": 0.0}), tokenizer
+    )
+    assert weighted.reads(reward_model=True) == ("rm_scores", "curriculum")
+    assert weighted.column_terms == ("curriculum",)
+    overlong = RewardModelConfig(weights={"function": 0.0}, overlong_buffer=OverlongBufferConfig(enable=True))
+    assert RewardComputer(overlong, tokenizer, 8).reads(reward_model=False) == ("responses", "response_mask")

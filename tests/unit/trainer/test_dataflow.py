@@ -101,3 +101,64 @@ def test_run_knows_the_stage_it_is_in_when_one_raises():
     with pytest.raises(RuntimeError):
         flow.run(Batch(tensors={"a": torch.zeros(2)}), StepContext(step=1))
     assert flow.current == "boom"
+
+
+def _scored_flow(log=None):
+    """reward -> place (derives token from scores) -> adv (from token) -> update (reads adv)."""
+    return Dataflow(
+        [
+            _stage("reward", ["prompts"], ["scores"], log=log),
+            _stage("place", ["scores"], ["token"], log=log),
+            _stage("adv", ["token"], ["adv"], log=log),
+            _stage("update", ["adv"], log=log),
+        ],
+        ["prompts"],
+    )
+
+
+def test_a_rewrite_after_a_stage_derived_from_the_column_is_refused_naming_both_stages():
+    flow = _scored_flow()
+    late = _stage("late", ["scores"], ["scores"])
+    with pytest.raises(
+        DataflowError,
+        match=r"stage 'late' rewrites column 'scores' after stage 'place' derived 'token' from it, and stage "
+        r"'update' reads 'adv', which follows from 'token'.*Insert 'late' before 'place'",
+    ):
+        flow.insert_after("adv", late)  # through two derivations: scores -> token -> adv
+    with pytest.raises(DataflowError, match=r"stage 'adv' reads 'token': the rewrite would not reach 'adv'"):
+        flow.insert_after("place", late)
+    assert flow.names == ["reward", "place", "adv", "update"]  # a refused edit is not kept
+    with pytest.raises(DataflowError, match="'late' rewrites column 'scores'"):
+        Dataflow([*flow.stages[:3], late, flow["update"]], ["prompts"])  # a graph built whole: the same
+
+
+def test_a_rewrite_before_the_derivation_takes_effect_and_an_in_place_update_is_fine():
+    log = []
+    flow = _scored_flow(log)
+    flow.insert_after("reward", _stage("bonus", ["scores"], ["scores"], value=3.0, log=log))
+    out = flow.run(_prompts(), StepContext(step=1))
+    assert log == ["reward", "bonus", "place", "adv", "update"]
+    assert torch.equal(out["scores"], torch.full((3,), 3.0))
+    flow.insert_after("update", _stage("after_all", ["scores"], ["scores"]))  # nothing reads past it
+
+
+def test_refines_declares_a_rewrite_for_the_later_stages_only():
+    flow = _scored_flow()
+    narrow = Stage(
+        "narrow", lambda ctx, b: {"scores": b["scores"] * 0}, ("scores",), ("scores",), refines=("scores",)
+    )
+    flow.insert_after("adv", narrow)
+    assert flow.names == ["reward", "place", "adv", "narrow", "update"]
+    flow.check()
+    with pytest.raises(DataflowError, match=r"stage 'bad' refines \['x'\], which it does not write"):
+        Stage("bad", lambda ctx, b: None, writes=("y",), refines=("x",))
+
+
+def test_awaiting_columns_are_left_to_stages_still_to_come():
+    flow = Dataflow([_stage("reward", ["prompts", "bonus"], ["scores"])], ["prompts"])
+    flow.check(awaiting=["bonus"])
+    flow.insert_after("reward", _stage("bonus", ["prompts"], ["bonus"]))
+    with pytest.raises(
+        DataflowError, match=r"'reward' reads column 'bonus'.*stage 'bonus' writes it but runs later"
+    ):
+        flow.check()

@@ -13,6 +13,7 @@ from megarl.algorithms.advantages import scores_to_token_rewards
 from megarl.config import load_config
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
+from megarl.rewards import RewardComputer
 from megarl.trainer.dataflow import Stage, StepContext
 from megarl.trainer.rl_stages import (
     DynamicSamplingError,
@@ -125,46 +126,48 @@ def _roles(**present):
 @pytest.mark.parametrize(
     ("overrides", "roles", "stages"),
     [
-        (GRPO, {}, "generate reward old_log_prob advantages update_actor"),
+        (GRPO, {}, "generate reward token_rewards old_log_prob advantages update_actor"),
         # one optimizer step per training step: auto fuses the old log-probs into the update's forward
-        ([*GRPO, "data.train_batch_size=16"], {}, "generate reward advantages update_actor"),
+        ([*GRPO, "data.train_batch_size=16"], {}, "generate reward token_rewards advantages update_actor"),
         (
             [*GRPO, "data.train_batch_size=16", "algorithm.old_log_prob=recompute"],
             {},
-            "generate reward old_log_prob advantages update_actor",
+            "generate reward token_rewards old_log_prob advantages update_actor",
         ),
         (
             ["algorithm.name=ppo", "algorithm.use_kl_in_reward=true"],
             {"critic": 1, "ref": 1},
-            "generate reward old_log_prob ref_log_prob values advantages update_critic update_actor",
+            "generate reward token_rewards old_log_prob ref_log_prob values advantages update_critic update_actor",
         ),
         (
             [*GRPO, "algorithm.rollout_correction.rollout_is=token", "algorithm.pf_ppo.enable=true"],
             {},
-            "generate reward old_log_prob rollout_correction advantages pf_ppo update_actor",
+            "generate reward token_rewards old_log_prob rollout_correction advantages pf_ppo update_actor",
         ),
         (
             [*GRPO, "algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"],
             {},
-            "generate reward old_log_prob advantages update_actor",
+            "generate reward token_rewards old_log_prob advantages update_actor",
         ),
         (  # two data-parallel actor ranks: the batch is token-balanced over them first
             [*GRPO, "trainer.n_devices_per_node=2"],
             {},
-            "generate reward balance_batch old_log_prob advantages update_actor",
+            "generate reward token_rewards balance_batch old_log_prob advantages update_actor",
         ),
         ([*GRPO, "trainer.n_devices_per_node=2", "trainer.balance_batch=false"], {}, None),
         (
             ["algorithm.name=ppo", "algorithm.adv_estimator=remax", "rollout.val.n=1"],
             {},
-            "remax_baseline generate reward old_log_prob advantages update_actor",
+            "remax_baseline generate reward token_rewards old_log_prob advantages update_actor",
         ),
     ],
 )
 def test_the_graph_holds_the_stages_the_config_asks_for(overrides, roles, stages):
     cfg = load_config(None, overrides, check_paths=False)
-    flow, _ = build_rl_dataflow(cfg, _roles(**roles), reward=object())
-    assert " ".join(flow.names) == (stages or "generate reward old_log_prob advantages update_actor")
+    flow, _ = build_rl_dataflow(cfg, _roles(**roles), RewardComputer.from_config(cfg, None))
+    assert " ".join(flow.names) == (
+        stages or "generate reward token_rewards old_log_prob advantages update_actor"
+    )
 
 
 def test_balance_batch_gives_each_data_parallel_rank_the_same_tokens_and_keeps_rows_whole():
