@@ -98,6 +98,7 @@ def peak_flops(dtype: str) -> float | None:
 def _megatron(args, batch) -> dict:
     from megarl.config.roles import role_spec
     from megarl.config.schema import MegarlConfig
+    from megarl.models.openblas_linear import gemm_of
     from megarl.workers.actor import ActorWorker
 
     cfg = MegarlConfig()
@@ -110,7 +111,7 @@ def _megatron(args, batch) -> dict:
     actor = ActorWorker(role_spec(cfg, "actor"))
     timed = _timed(lambda: actor.update(batch), args.warmup, args.repeats)
     calls = _count_mode_calls(lambda: actor.update(batch))
-    return {**timed, "intercepted_calls": calls}
+    return {**timed, "intercepted_calls": calls, "gemm": gemm_of(actor.chunks)}
 
 
 def _count_mode_calls(fn) -> int:
@@ -193,8 +194,6 @@ def bench_rank(spec: dict) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from megarl.models.cpu_gemm import cpu_gemm_name
-
     args = argparse.Namespace(**spec)
     torch.set_num_threads(args.threads)
     hf_config = AutoConfig.from_pretrained(args.model)
@@ -210,7 +209,7 @@ def bench_rank(spec: dict) -> dict:
     return {
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "gemm": cpu_gemm_name(),  # Megatron's linear layers (transformers always multiplies with torch's)
+        "gemm": megatron["gemm"],  # Megatron's linear layers (transformers always multiplies with torch's)
         "tokens": tokens,
         "model_flops": flops,
         "mfu": None

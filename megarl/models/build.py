@@ -1,44 +1,19 @@
-"""Build the GPTModel chunks this rank owns: Transformer Engine layers on GPU, plain torch on CPU."""
+"""Build the GPTModel chunks this rank owns from the platform's layer spec provider (`models/backends.py`)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from megarl.config.schema import padded_vocab_size
 from megarl.distributed.layout import ParallelLayout
 from megarl.distributed.platform import platform
-from megarl.models.cpu_gemm import install_cpu_gemm
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.heads import attach_scalar_head
-from megarl.models.rotary import install_fused_rope
 
-
-def layer_spec(arch: ModelArchitecture, use_te: bool | None = None):
-    from megatron.core.models.gpt import gpt_layer_specs
-
-    if use_te is None:
-        use_te = platform().transformer_engine
-    if use_te:
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    from megarl.models.rms_norm import RMSNorm
-    from megarl.models.sdpa_attention import SdpaDotProductAttention
-    from megarl.models.swiglu import SwiGLU
-
-    spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
-    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
-    attention.core_attention = SdpaDotProductAttention  # fused on CPU
-    layer.mlp.submodules.activation_func = SwiGLU  # no concatenation in its backward
-    for owner, name in (
-        (layer, "input_layernorm"),
-        (layer, "pre_mlp_layernorm"),
-        (attention, "q_layernorm"),
-        (attention, "k_layernorm"),
-    ):
-        if getattr(owner, name) is WrappedTorchNorm:  # torch's norm (apex's, where installed, stays)
-            setattr(owner, name, RMSNorm)  # a shorter backward on CPU
-    return spec
+if TYPE_CHECKING:
+    from megarl.models.backends import LayerSpecProvider
 
 
 def attends_packed_thd(chunks: list[torch.nn.Module]) -> bool:
@@ -55,12 +30,6 @@ def attends_packed_thd(chunks: list[torch.nn.Module]) -> bool:
     return all(isinstance(m, SdpaDotProductAttention) and m.handles_packed for m in cores)
 
 
-def uses_spec_activation(spec) -> bool:
-    """Whether the MLP applies the spec's activation module (megarl's SwiGLU) to the whole fc1 output:
-    megatron reads that from `config.use_te_activation_func` (a misnomer here: no Transformer Engine)."""
-    return spec.submodules.mlp.submodules.activation_func is not None
-
-
 def build_model_chunks(
     arch: ModelArchitecture,
     layout: ParallelLayout,
@@ -68,16 +37,19 @@ def build_model_chunks(
     make_vocab_size_divisible_by: int = 128,
     padded_vocab: int | None = None,
     recompute: bool = False,
+    layers: LayerSpecProvider | None = None,
 ) -> list[torch.nn.Module]:
-    """The GPTModel chunks (one per virtual pipeline stage) of this rank; megatron must be initialised."""
+    """The GPTModel chunks (one per virtual pipeline stage) of this rank, built from `layers` (default:
+    the platform's, `spec_provider()`); megatron must be initialised."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    from megarl.models.backends import spec_provider
+
+    layers = layers or spec_provider()
     config = arch.transformer_config(layout, dtype, recompute)
-    spec = layer_spec(arch)
-    config.use_te_activation_func = uses_spec_activation(spec)
-    config.apply_rope_fusion = install_fused_rope(config)  # megarl's torch kernel where TE has none
-    install_cpu_gemm()  # OpenBLAS for the linear layers where it beats torch's MKL (AMD CPUs)
+    layers.configure(config)
+    spec = layers.layer_spec(arch)
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, layout.tp)
     chunks = []
     for vp_stage in range(layout.vpp or 1):
@@ -90,6 +62,7 @@ def build_model_chunks(
             vp_stage=stage,
             **arch.gpt_model_kwargs(vocab),
         )
+        layers.adopt_output_layer(model)
         if arch.head == "scalar" and model.post_process:
             attach_scalar_head(model)
         chunks.append(model.to(dtype=config.params_dtype))

@@ -7,11 +7,12 @@ time, and GEMMs are ~78% of that update. On Intel CPUs MKL is the fast one (138�
 AVX-512 Xeon), so `auto` keeps torch there. Decode-sized GEMMs (64 rows) gain nothing, so the rollout
 engine keeps its own.
 
-`install_cpu_gemm` points megatron's two linear implementations (`linear_with_grad_accumulation_and_
-async_allreduce`, `linear_with_frozen_weight`: every Column/RowParallelLinear of the local spec, the
-output layer included) at `_Linear` for the case it covers: fp32 CPU tensors, no sequence parallelism,
-no deferred or fused weight gradients; anything else goes to megatron's own. `$MEGARL_CPU_GEMM` picks:
-`auto` (default: OpenBLAS on AMD CPUs), `openblas`, or `torch`.
+`linear` is megatron's linear-layer function for the case it covers (`covers`): fp32 CPU tensors, no
+sequence parallelism, no deferred or fused weight gradients; `models/openblas_linear.py`'s Column/
+RowParallelLinear call it there and megatron's own function otherwise. The CPU spec provider
+(`models/backends.py`) builds the model with those layers, the output layer included, where
+`openblas_chosen()`: `$MEGARL_CPU_GEMM` picks `auto` (default: OpenBLAS on AMD CPUs), `openblas`, or
+`torch`.
 
 OpenBLAS's sums differ in the last bit with its thread count and the operands' shapes (MKL's here do not
 with the thread count): runs with OpenBLAS GEMMs repeat bit for bit at the same threads per rank and the
@@ -66,14 +67,17 @@ def openblas_chosen() -> bool:
 _threads = [0]
 
 
+def _blas_readable(t: torch.Tensor) -> torch.Tensor:
+    """t if BLAS reads it as it is (row-major or transposed), else a row-major copy."""
+    return t if t.is_contiguous() or t.t().is_contiguous() else t.contiguous()
+
+
 def _as_blas(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a 2-D fp32 tensor that BLAS reads as it is (row-major or transposed), else of a copy.
+    """A numpy view of a BLAS-readable 2-D fp32 tensor (`_blas_readable`); the tensor must outlive it.
 
     The view is built over the raw memory: torch's `Tensor.numpy()` marks the storage as never resizable
     again, which would break offloading (it frees parameters and gradients with `storage.resize_(0)`).
     """
-    if not (t.is_contiguous() or t.t().is_contiguous()):
-        t = t.contiguous()
     flat = np.frombuffer((ctypes.c_float * t.numel()).from_address(t.data_ptr()), dtype=np.float32)
     return flat.reshape(t.shape) if t.is_contiguous() else flat.reshape(t.shape[1], t.shape[0]).T
 
@@ -86,6 +90,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if threads != _threads[0]:
         _openblas().set_num_threads(threads)
         _threads[0] = threads
+    a, b = _blas_readable(a), _blas_readable(b)  # copies held here until the product is written
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype)
     np.matmul(_as_blas(a), _as_blas(b), out=_as_blas(out))
     return out
@@ -120,7 +125,8 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None
 
 
-def _covers(x: torch.Tensor, weight: torch.Tensor, sequence_parallel: bool, fused_wgrad: bool) -> bool:
+def covers(x: torch.Tensor, weight: torch.Tensor, sequence_parallel: bool, fused_wgrad: bool) -> bool:
+    """Whether `linear` computes this call of megatron's linear function as megatron would."""
     return (
         not sequence_parallel
         and not (fused_wgrad and hasattr(weight, "main_grad"))
@@ -129,50 +135,6 @@ def _covers(x: torch.Tensor, weight: torch.Tensor, sequence_parallel: bool, fuse
     )
 
 
-def cpu_gemm_name() -> str:
-    """What megatron's linear layers multiply with in this process: "openblas" once installed, else "torch"."""
-    from megatron.core.tensor_parallel import layers
-
-    return "openblas" if getattr(layers, "_megarl_cpu_gemm", False) else "torch"
-
-
-def install_cpu_gemm() -> bool:
-    """Route megatron's linear layers through `_Linear` where `openblas_chosen()`; idempotent. Returns
-    whether they now are."""
-    from megatron.core.tensor_parallel import layers
-
-    if getattr(layers, "_megarl_cpu_gemm", False):
-        return True
-    if not openblas_chosen():
-        return False
-    trainable, frozen = (
-        layers.linear_with_grad_accumulation_and_async_allreduce,
-        layers.linear_with_frozen_weight,
-    )
-
-    def linear(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, **kw):
-        if kw.get("grad_output_buffer") is None and _covers(
-            input, weight, sequence_parallel, gradient_accumulation_fusion
-        ):
-            return _Linear.apply(input, weight, bias, allreduce_dgrad, _group(allreduce_dgrad, kw), True)
-        return trainable(
-            input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, **kw
-        )
-
-    def linear_frozen(
-        input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, **kw
-    ):
-        if kw.get("grad_output_buffer") is None and _covers(input, weight, sequence_parallel, False):
-            return _Linear.apply(input, weight, bias, allreduce_dgrad, _group(allreduce_dgrad, kw), False)
-        return frozen(
-            input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, **kw
-        )
-
-    def _group(allreduce_dgrad, kw):
-        return layers.get_tensor_model_parallel_group_if_none(kw.get("tp_group")) if allreduce_dgrad else None
-
-    linear.warned = trainable.warned  # megatron's own body (the fallback) reads it through the module name
-    layers.linear_with_grad_accumulation_and_async_allreduce = linear
-    layers.linear_with_frozen_weight = linear_frozen
-    layers._megarl_cpu_gemm = True
-    return True
+def linear(x, weight, bias, allreduce_dgrad: bool, tp_group, weight_grad: bool) -> torch.Tensor:
+    """x · Wᵀ + b by OpenBLAS, with megatron's TP dgrad all-reduce; no weight gradient for a frozen W."""
+    return _Linear.apply(x, weight, bias, allreduce_dgrad, tp_group, weight_grad)

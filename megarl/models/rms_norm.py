@@ -1,4 +1,5 @@
-"""RMSNorm for the local (non-Transformer-Engine) layer spec: torch's norm with a shorter CPU backward.
+"""RMSNorm for the local (non-Transformer-Engine) layer spec: torch's norm in megatron's signature, and on
+CPU the same norm with a shorter backward (the spec provider picks one; `models/backends.py`).
 
 megatron-core's torch norm (`WrappedTorchNorm`) builds `torch.nn.RMSNorm`. Its forward on CPU is one
 kernel (`aten::_fused_rms_norm`), but its backward is autograd's composite: about ten element-wise
@@ -9,7 +10,7 @@ forward's saved 1/rms (r) in four passes:
     x̂ = x · r,   dw = Σ_tokens g · x̂,   dx = r · (g·w − x̂ · mean(g·w · x̂))
 
 Forward + backward of one norm at a 25M model's 64 × 147 tokens, 1 thread: 57 → 27 ms (a layer has
-two). dw is bitwise torch's, dx within 1e-7 relative. Elsewhere (CUDA, other dtypes, no grad) it is
+two). dw is bitwise torch's, dx within 1e-7 relative. For other dtypes and without grad `CPURMSNorm` is
 torch's RMSNorm unchanged; parameters, state dict and sequence-parallel tagging are megatron's.
 """
 
@@ -49,8 +50,12 @@ class RMSNorm(torch.nn.RMSNorm):
         for param in self.parameters():  # megatron all-reduces these grads over TP under sequence parallel
             param.sequence_parallel = config.sequence_parallel
 
+
+class CPURMSNorm(RMSNorm):
+    """`RMSNorm` whose fp32 backward is the four passes above (the CPU spec's norm)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cpu_fp32 = x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32
-        if not (cpu_fp32 and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+        fp32 = x.dtype == self.weight.dtype == torch.float32
+        if not (fp32 and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
         return _RMSNormCPU.apply(x, self.weight, self.eps)  # megatron always passes eps

@@ -11,8 +11,15 @@ multiplies; here they are written straight into the output's halves, forward and
     dt₁  = g₁·cos₁ + g₂·sin₂      dt₂  = g₂·cos₂ − g₁·sin₁
 
 Packed (THD) sequences get their positions' frequencies in one gather instead of a slice and a cat
-per sequence. Megatron calls these through `config.apply_rope_fusion` (`install_fused_rope` puts them
-there and says whether the model builder sets it): non-interleaved RoPE, which is what the supported HF families use.
+per sequence. Megatron calls these through `config.apply_rope_fusion`: non-interleaved RoPE, which is
+what the supported HF families use.
+
+Megatron has one way in for a RoPE kernel: its attention calls `rope_utils.apply_rotary_pos_emb`, which
+(with `config.apply_rope_fusion`) calls the kernels in rope_utils' module globals
+`fused_apply_rotary_pos_emb(_thd)` — Transformer Engine's, filled when rope_utils is imported, or None.
+No spec submodule, config field or argument reaches them. So `fill_megatron_rope_slots` puts these
+kernels in the empty slots once per process, called only where the platform's spec provider is chosen
+(`models/backends.spec_provider`); `rope_fusion_applies` then says whether a config may use them.
 """
 
 from __future__ import annotations
@@ -94,15 +101,21 @@ def _cp_freqs(t, cu_seqlens, freqs, cp_size: int, cp_rank: int) -> torch.Tensor:
     )
 
 
-def install_fused_rope(config) -> bool:
-    """Install the kernels in megatron's fused-RoPE slots where Transformer Engine left them empty, and
-    say whether `config`'s rotary can use them (then the builder sets `config.apply_rope_fusion`)."""
+def fill_megatron_rope_slots() -> None:
+    """Put these kernels in megatron's fused-RoPE slots where Transformer Engine left them empty."""
     from megatron.core.models.common.embeddings import rope_utils
 
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = apply_rope_bshd
     if rope_utils.fused_apply_rotary_pos_emb_thd is None:
         rope_utils.fused_apply_rotary_pos_emb_thd = apply_rope_thd
+
+
+def rope_fusion_applies(config) -> bool:
+    """Whether megatron's fused-RoPE slots hold these kernels and `config`'s rotary is one they compute
+    (then the spec provider sets `config.apply_rope_fusion`)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
     return (
         rope_utils.fused_apply_rotary_pos_emb is apply_rope_bshd
         and rope_utils.fused_apply_rotary_pos_emb_thd is apply_rope_thd

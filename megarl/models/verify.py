@@ -21,10 +21,10 @@ from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
-from megarl.models.cpu_gemm import cpu_gemm_name
 from megarl.models.ddp import wrap_ddp
 from megarl.models.forward import gather_logits, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
+from megarl.models.openblas_linear import gemm_of
 
 
 def parse_layout(text: str, world_size: int) -> ParallelLayout:
@@ -158,7 +158,7 @@ def check_layout(
         "hf_grad_norm": ref["grad_norm"],
         "grad_norm_rel_diff": abs(norm - ref["grad_norm"]) / ref["grad_norm"],
         "max_abs_grad_diff": stats[1].item(),
-        "gemm": cpu_gemm_name(),
+        "gemm": gemm_of(chunks),
     }
 
 

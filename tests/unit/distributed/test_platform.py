@@ -3,11 +3,12 @@
 import psutil
 import pytest
 import torch
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
 from megarl.distributed import cpu_shims
 from megarl.distributed.layout import ParallelLayout
 from megarl.distributed.platform import Platform, platform
-from megarl.models import build, from_hf
+from megarl.models import backends, from_hf
 from megarl.models.from_hf import ModelArchitecture
 
 pytestmark = pytest.mark.unit
@@ -75,9 +76,13 @@ def test_cpu_memory_probe_is_the_process_rss():
 def test_transformer_engine_is_asked_only_on_cuda(monkeypatch):
     # Importing TE without CUDA raises RuntimeError, not ImportError: the probe must survive either.
     assert isinstance(CUDA.transformer_engine, bool)
-    monkeypatch.setattr(build, "platform", lambda: CPU)
-    spec = build.layer_spec(ModelArchitecture.from_hf_config(ARCH))
-    assert spec.submodules.self_attention.submodules.linear_qkv.__name__ == "ColumnParallelLinear"
+    monkeypatch.setattr(backends, "platform", lambda: CPU)
+    backends.spec_provider.cache_clear()
+    try:
+        spec = backends.spec_provider().layer_spec(ModelArchitecture.from_hf_config(ARCH))
+    finally:
+        backends.spec_provider.cache_clear()
+    assert issubclass(spec.submodules.self_attention.submodules.linear_qkv, ColumnParallelLinear)
 
 
 def test_cpu_shims_are_not_applied_on_cuda(monkeypatch):

@@ -53,6 +53,18 @@ def test_mm_reads_transposed_operands(transpose):
     torch.testing.assert_close(cpu_gemm.mm(a, b), a @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_mm_copies_operands_blas_cannot_read_and_keeps_them_alive():
+    """An expanded operand (stride 0, as `out.sum()`'s gradient arrives) is copied, and the copy outlives
+    the product."""
+    a, b = torch.ones(()).expand(40, 24), _tensor(24, 56, seed=1, grad=False)
+    torch.testing.assert_close(cpu_gemm.mm(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    ours, torchs = [(_tensor(5, 2, 16), _tensor(8, 16, seed=1)) for _ in range(2)]
+    cpu_gemm.linear(*ours, None, False, None, True).sum().backward()
+    F.linear(*torchs).sum().backward()
+    for a, b in zip(ours, torchs):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_operands_results_and_gradients_stay_resizable():
     """Offload frees parameters and gradients with `storage.resize_(0)`; multiplying through numpy must
     not pin them (torch's `Tensor.numpy()` would mark the storage as never resizable)."""

@@ -1,11 +1,11 @@
-"""megarl's RMSNorm (the CPU layer spec's norm) against torch.nn.RMSNorm, the norm megatron builds."""
+"""megarl's CPURMSNorm (the CPU layer spec's norm) against torch.nn.RMSNorm, the norm megatron builds."""
 
 import types
 
 import pytest
 import torch
 
-from megarl.models.rms_norm import RMSNorm
+from megarl.models.rms_norm import CPURMSNorm, RMSNorm
 
 pytestmark = pytest.mark.unit
 
@@ -16,7 +16,7 @@ def config(**overrides):
 
 
 def pair(hidden: int, eps: float = 1e-6):
-    ours, torchs = RMSNorm(config(), hidden, eps=eps), torch.nn.RMSNorm(hidden, eps=eps)
+    ours, torchs = CPURMSNorm(config(), hidden, eps=eps), torch.nn.RMSNorm(hidden, eps=eps)
     with torch.no_grad():
         ours.weight.copy_(torch.linspace(0.5, 1.5, hidden))
         torchs.weight.copy_(ours.weight)

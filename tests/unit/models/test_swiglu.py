@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megarl.models.rms_norm import RMSNorm
 from megarl.models.swiglu import SwiGLU
 
 pytestmark = pytest.mark.unit
@@ -30,23 +29,3 @@ def test_output_and_gradient_are_bitwise_megatrons(shape):
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(grads[0], grads[1])
     assert grads[1].is_contiguous()
-
-
-def test_the_cpu_layer_spec_applies_it_to_the_whole_fc1_output_and_uses_megarls_norm():
-    from megarl.models import build
-    from megarl.models.from_hf import ModelArchitecture
-
-    arch = ModelArchitecture.from_hf_config(
-        {
-            "model_type": "llama",
-            "hidden_size": 64,
-            "num_attention_heads": 4,
-            "num_hidden_layers": 2,
-            "intermediate_size": 128,
-            "vocab_size": 100,
-        }
-    )
-    local = build.layer_spec(arch, use_te=False)
-    assert local.submodules.mlp.submodules.activation_func is SwiGLU
-    assert build.uses_spec_activation(local)
-    assert local.submodules.input_layernorm is local.submodules.pre_mlp_layernorm is RMSNorm
