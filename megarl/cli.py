@@ -384,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.observe.worker_logs import quiet_known_warnings
+
+    quiet_known_warnings()  # before megatron is imported (its CPU-fallback notices)
     from megarl.config.errors import ConfigError
     from megarl.models.convert.mcore_checkpoint import CheckpointError
     from megarl.models.from_hf import UnsupportedModelError

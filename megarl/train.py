@@ -92,6 +92,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
     from megarl.controller.worker import WorkerError
     from megarl.data.files import DataError
     from megarl.models.convert.mcore_checkpoint import CheckpointError
+    from megarl.observe.worker_logs import console_errors, rank_output_to_log
     from megarl.rewards.custom import RewardError
     from megarl.trainer.bad_steps import BadStepsError
     from megarl.trainer.checkpoint import ResumeError
@@ -121,6 +122,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         return EXIT_USAGE
     if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
         RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
+        rank_output_to_log(cfg.trainer.output_dir, int(os.environ["RANK"]))
     try:
         if job == "sft":
             from megarl.trainer.sft import SFTTrainer
@@ -144,15 +146,15 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         OSError,
     ) as e:
         RANK_STATUS.finish(e)
-        print(f"megarl {job}: error: {e}", file=sys.stderr)
+        print(f"megarl {job}: error: {e}", file=console_errors())
         return EXIT_USAGE
     except (WorkerError, DynamicSamplingError, BadStepsError) as e:  # every worker process is already stopped
         RANK_STATUS.finish(e)
-        print(f"megarl {job}: {e}", file=sys.stderr)
+        print(f"megarl {job}: {e}", file=console_errors())
         return 1
     except KeyboardInterrupt as e:
         RANK_STATUS.finish(e)
-        print("megarl: interrupted; every worker was stopped", file=sys.stderr)
+        print("megarl: interrupted; every worker was stopped", file=console_errors())
         return 130
     except BaseException as e:
         RANK_STATUS.finish(e)
@@ -162,6 +164,9 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.observe.worker_logs import quiet_known_warnings
+
+    quiet_known_warnings()  # before megatron is imported (its CPU-fallback notices)
     parser = argparse.ArgumentParser(prog="python -m megarl.train")
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")

@@ -70,6 +70,10 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
         "call_timeout_s": cfg.trainer.worker_timeout_s,
         "start_timeout_s": cfg.trainer.worker_timeout_s,
     }
+    if backend == "ray":  # each rank's output to its log (under torchrun the rank redirected at start)
+        from megarl.observe.worker_logs import logs_dir
+
+        timeouts["log_dir"] = str(logs_dir(cfg.trainer.output_dir))
     roles = Roles(actor=None)
     pools: dict[str, Any] = {}
 
