@@ -232,7 +232,7 @@ class _RankActors:
         self.kill(f"{role}.{method} timed out")
         raise WorkerError(
             f"{role}.{method}: rank(s) {where} did not answer within {timeout_s:g}s "
-            f"(trainer.worker_timeout_s){self.output_of(ranks)}; all actors of the group were killed {self.gone()}",
+            f"(trainer.worker_timeout_s); all actors of the group were killed {self.gone()}{self.output_of(ranks)}",
             role,
             ranks[0],
             self.meta[ranks[0]]["host"],
