@@ -61,7 +61,7 @@ def torchrun_run(grpo_run, rl_setup, tmp_path_factory):
     console = proc.stdout + proc.stderr
     for known in ("UserWarning", "FutureWarning", "tcmalloc", "WARNING"):
         assert known not in console, (known, console)
-    assert proc.stdout.splitlines()[-1].startswith("megarl: report "), proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("step 2/2 | reward "), proc.stdout
     for rank in (0, 1):
         assert "vllm" in (out / "logs" / f"actor_rank{rank}.log").read_text().lower(), rank
     return out, overrides
