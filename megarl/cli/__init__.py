@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `megarl` command line `argv` (default: sys.argv); returns the exit code."""
+    from megarl.observe.worker_logs import quiet_known_warnings
+
+    quiet_known_warnings()  # before megatron is imported (its CPU-fallback notices)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse stops filling a positional list at the first flag: `show CFG --no-check-paths a=1`.

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.observe.worker_logs import console_errors
 
 
 class UsageError(MegarlError):
@@ -19,5 +18,5 @@ def report_error(command: str, error: MegarlError | OSError) -> int:
     exit code."""
     code = error.exit_code if isinstance(error, MegarlError) else EXIT_USAGE
     label = "error: " if code == EXIT_USAGE else ""
-    print(f"megarl {command}: {label}{error}", file=sys.stderr)
+    print(f"megarl {command}: {label}{error}", file=console_errors())  # the terminal, not a rank log
     return code

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from megarl.cli.errors import report_error
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.observe.worker_logs import console_errors, quiet_known_warnings, rank_output_to_log
 
 JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo")  # `train` = RL; the others set algorithm.name
 
@@ -71,6 +72,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         return EXIT_USAGE
     if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
         RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
+        rank_output_to_log(cfg.trainer.output_dir, int(os.environ["RANK"]))
     try:
         if job == "sft":
             from megarl.trainer.sft import SFTTrainer
@@ -92,7 +94,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         return report_error(job, e)
     except KeyboardInterrupt as e:
         RANK_STATUS.finish(e)
-        print("megarl: interrupted; every worker was stopped", file=sys.stderr)
+        print("megarl: interrupted; every worker was stopped", file=console_errors())
         return 130
     except BaseException as e:
         RANK_STATUS.finish(e)
@@ -103,6 +105,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The torchrun entry's command line (`python -m megarl.train CONFIG [key=value ...] [--job JOB]`)."""
+    quiet_known_warnings()  # before megatron is imported (its CPU-fallback notices)
     parser = argparse.ArgumentParser(prog="python -m megarl.train")
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")

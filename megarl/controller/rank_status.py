@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.atomic_write import write_text_atomically
+from megarl.observe.worker_logs import LOGS_DIR
 
 STATUS_DIR = "status"
 RESUME_ADVICE = "rerun the same command to resume from the last checkpoint (trainer.resume=auto)"
@@ -129,7 +130,8 @@ def post_mortem(
     directory: str | os.PathLike, returncode: int, output: str = "", timeout_s: float | None = None
 ) -> str:
     """One message about a failed SPMD job: which rank died or hung (host, pid, role, the call it was
-    in, the signal torchrun reported), what the other ranks were doing, and how to resume."""
+    in, the signal torchrun reported), what the other ranks were doing, where each rank's output is
+    (`<output_dir>/logs`, beside `directory`), and how to resume."""
     statuses = read_statuses(directory)
     failures, root = torchrun_failures(output)
     lines = [f"the torchrun job failed (exit code {returncode})."]
@@ -170,6 +172,9 @@ def post_mortem(
     if others:
         lines.append("the other ranks:")
         lines += [f"  {_who(s)} {what}" for s, what in others]
+    logs = sorted(Path(directory).parent.joinpath(LOGS_DIR).glob("*_rank*.log"))
+    if logs:
+        lines.append(f"each rank's output: {', '.join(map(str, logs))}")
     lines.append(RESUME_ADVICE)
     return "\n".join(lines)
 

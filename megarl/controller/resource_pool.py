@@ -38,6 +38,9 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     - Otherwise a one-node cluster starts without the dashboard and with quiet logging. `num_cpus`
       (default: max(8, the machine's cores)) is bookkeeping only: raise it so that, e.g., 4 ranks of
       0.5 CPU plus the driver fit on a 2-core machine.
+    - Either way the workers' output is not forwarded to this process: worker groups started with a
+      `log_dir` write it there (the trainer: `<trainer.output_dir>/logs`), Ray's own session logs keep
+      the rest.
 
     `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set when absent: on this kind of machine it makes Ray
     bind loopback (otherwise it binds the machine's own address, which may not route). It also
@@ -46,11 +49,14 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    # workers' output stays out of the driver's console: worker groups write it to their own logs
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
     if _running_cluster_address() is not None:
         ray.init(address="auto", **quiet)  # resolves as the probe did; "auto" also enables token auth
         return
     cpus = num_cpus if num_cpus is not None else max(8, os.cpu_count() or 1)
+    # Ray 2.60 announces on every local start that token auth is on by default: a notice, not a problem
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # "local": a new cluster even where a stale record names another (ray.init would try to join it)
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray import cloudpickle
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from megarl.controller import faults
@@ -35,16 +36,23 @@ from megarl.controller.resource_pool import Placement, ResourcePool
 from megarl.controller.worker import RemoteError, WorkerError
 from megarl.distributed.backend import TIMEOUT_ENV
 from megarl.distributed.launch import free_port
+from megarl.observe.worker_logs import log_file, quiet_known_warnings, redirect_output
 
 
 class _RankHost:
     """The actor behind one rank: one worker object per colocated role, sharing this process.
 
-    Roles are built in order; the first one initialises torch.distributed (the others find it up).
+    With `log_path`, the process's stdout and stderr go to that file first; `roles` arrive pickled so
+    that what the workers' modules print on import lands there too. Roles are built in order; the first
+    one initialises torch.distributed (the others find it up).
     """
 
-    def __init__(self, roles: dict[str, tuple[type, dict]]) -> None:
-        self.workers = {role: cls(**kwargs) for role, (cls, kwargs) in roles.items()}
+    def __init__(self, roles: bytes, log_path: str | None) -> None:
+        if log_path is not None:
+            redirect_output(log_path)
+        quiet_known_warnings()
+        built: dict[str, tuple[type, dict]] = cloudpickle.loads(roles)
+        self.workers = {role: cls(**kwargs) for role, (cls, kwargs) in built.items()}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -127,10 +135,12 @@ class _RankActors:
         roles: dict[str, tuple[type, dict]],
         start_timeout_s: float,
         call_timeout_s: float,
+        log_dir: str | os.PathLike | None = None,
     ):
         self.pool = pool
         self.call_timeout_s = call_timeout_s
         self.names = ", ".join(roles)
+        self.log_dir = log_dir
         self.error: str | None = None
         self.actors: list[Any] = []
         self.meta: list[dict[str, Any]] = []
@@ -146,6 +156,8 @@ class _RankActors:
         addr, port = _master_address(placements[0])
         roots = [_import_root(ResourcePool), *(_import_root(cls) for cls, _ in roles.values())]
         python_path = os.pathsep.join(dict.fromkeys([*roots, os.environ.get("PYTHONPATH", "")]))
+        pickled_roles = cloudpickle.dumps(roles)
+        first_role = next(iter(roles))  # the process's log is named for it (colocated roles share it)
         for rank, p in enumerate(placements):
             env = {
                 "RANK": str(rank),
@@ -160,13 +172,16 @@ class _RankActors:
             }
             if faults.ENV in os.environ:  # fault-injection tests
                 env[faults.ENV] = os.environ[faults.ENV]
+            log_path = None if self.log_dir is None else str(log_file(self.log_dir, first_role, rank))
             actor = _RemoteHost.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(p.placement_group, p.bundle_index),
                 runtime_env={"env_vars": env},
                 **self.pool.actor_resources(),
-            ).remote(roles)
+            ).remote(pickled_roles, log_path)
             self.actors.append(actor)
-            self.meta.append({"rank": rank, "host": p.node_ip, "node_ip": p.node_ip, "pid": 0})
+            self.meta.append(
+                {"rank": rank, "host": p.node_ip, "node_ip": p.node_ip, "pid": 0, "log": log_path}
+            )
         described = self.gather([a.describe.remote() for a in self.actors], self.names, "__init__", timeout_s)
         for rank, info in enumerate(described):
             self.meta[rank].update(info)
@@ -205,7 +220,8 @@ class _RankActors:
         where = f"rank {rank} of {len(self.actors)} on {host} (pid {pid})"
         self.kill(f"{role}.{method} failed on {where}")
         raise WorkerError(
-            f"{role}.{method} failed on {where}: {detail}\nall actors of the group were killed {self.gone()}",
+            f"{role}.{method} failed on {where}: {detail}{self.output_of([rank])}\n"
+            f"all actors of the group were killed {self.gone()}",
             role,
             rank,
             host,
@@ -217,12 +233,17 @@ class _RankActors:
         self.kill(f"{role}.{method} timed out")
         raise WorkerError(
             f"{role}.{method}: rank(s) {where} did not answer within {timeout_s:g}s "
-            f"(trainer.worker_timeout_s); all actors of the group were killed {self.gone()}",
+            f"(trainer.worker_timeout_s); all actors of the group were killed {self.gone()}{self.output_of(ranks)}",
             role,
             ranks[0],
             self.meta[ranks[0]]["host"],
             self.meta[ranks[0]]["pid"],
         )
+
+    def output_of(self, ranks: list[int]) -> str:
+        """Where the ranks' stdout and stderr went ("" when the group keeps no logs)."""
+        logs = [self.meta[r]["log"] for r in ranks if self.meta[r]["log"]]
+        return f"\n{'output' if len(logs) == 1 else 'outputs'}: {', '.join(logs)}" if logs else ""
 
     def gone(self, timeout_s: float = 10.0) -> str:
         """Wait (up to `timeout_s`) until the killed actors' processes on this node have exited; says
@@ -339,7 +360,9 @@ class RayWorkerGroup(WorkerGroup):
     """The ranks of one role, as one object: `group.method(...)` and `group.method_async(...)`.
 
     `init_kwargs` go to `worker_cls(**init_kwargs)` on every rank. `start_timeout_s` bounds the
-    workers' start (imports, process-group rendezvous); `call_timeout_s` bounds every call.
+    workers' start (imports, process-group rendezvous); `call_timeout_s` bounds every call. With
+    `log_dir`, each rank's process writes its stdout and stderr to `<log_dir>/<role>_rank<r>.log`
+    (colocated roles: the first role's name) and a failure names that file.
     """
 
     def __init__(
@@ -350,8 +373,11 @@ class RayWorkerGroup(WorkerGroup):
         init_kwargs: dict | None = None,
         call_timeout_s: float = 300.0,
         start_timeout_s: float = 300.0,
+        log_dir: str | os.PathLike | None = None,
     ) -> None:
-        actors = _RankActors(pool, {role: (worker_cls, init_kwargs or {})}, start_timeout_s, call_timeout_s)
+        actors = _RankActors(
+            pool, {role: (worker_cls, init_kwargs or {})}, start_timeout_s, call_timeout_s, log_dir
+        )
         self._bind(actors, worker_cls, role, call_timeout_s)
 
     @classmethod
@@ -361,6 +387,7 @@ class RayWorkerGroup(WorkerGroup):
         roles: dict[str, tuple[type, dict]],
         call_timeout_s: float = 300.0,
         start_timeout_s: float = 300.0,
+        log_dir: str | os.PathLike | None = None,
     ) -> dict[str, RayWorkerGroup]:
         """Several roles ({role: (worker class, init kwargs)}) in ONE process per rank (one
         torch.distributed world); a view per role.
@@ -368,7 +395,7 @@ class RayWorkerGroup(WorkerGroup):
         The first role initialises torch.distributed and megatron's layout. A failure in any role,
         or `shutdown()` of any view, ends the shared processes and so every view.
         """
-        actors = _RankActors(pool, roles, start_timeout_s, call_timeout_s)
+        actors = _RankActors(pool, roles, start_timeout_s, call_timeout_s, log_dir)
         views = {}
         for role, (worker_cls, _) in roles.items():
             view = cls.__new__(cls)

@@ -17,6 +17,7 @@ dozen element-wise passes; the same update up to float rounding), 3–4× faster
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -52,7 +53,12 @@ class TrainOptimizer:
         """Clear the DDP gradient buffers (and the optimizer's main gradients) before a backward pass."""
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
+        with warnings.catch_warnings():
+            # megatron's DistributedOptimizer.zero_grad reads `.grad` of its fp32 shards, views of the
+            # main params (not leaves: torch warns; megatron's own comment says "throws grad-access
+            # warning"); those views never get a .grad, so the read is harmless
+            warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf")
+            self.optimizer.zero_grad()
 
     def step(self) -> dict[str, float | bool]:
         """Clip, update and advance the LR schedule — unless the update must be skipped.

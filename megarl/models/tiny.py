@@ -179,6 +179,14 @@ def build_tiny_hf(
         model.generation_config.eos_token_id = tokenizer.eos_token_id
 
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one tiny shard: transformers' "Writing model shards" bar is noise
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     return out

@@ -21,7 +21,6 @@ step under the same names (see `megarl.observe.backends`).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from megarl.observe.backends import JsonlSink, MetricsSink, open_sinks
+from megarl.observe.worker_logs import console
 
 
 def format_duration(seconds: float) -> str:
@@ -207,7 +207,7 @@ class ProgressLog:
             self._live = None
 
     def _stream(self) -> TextIO:
-        return self.stream if self.stream is not None else sys.stdout
+        return self.stream if self.stream is not None else console()
 
     def _say(self, text: str) -> None:
         if self._live is not None:
@@ -219,7 +219,7 @@ class ProgressLog:
 @contextmanager
 def task(text: str, stream: TextIO | None = None) -> Iterator[None]:
     """`ProgressLog.task` without a run: a spinner in a terminal, then `text … done in 0.4 s`."""
-    stream = stream if stream is not None else sys.stdout
+    stream = stream if stream is not None else console()
     start = time.perf_counter()
     status = None
     if _is_terminal(stream):

@@ -80,10 +80,14 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
 
     backend: Backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
     # Ray: the driver's deadline per call (and start); both: every process group's collective timeout
-    timeouts = {
+    options: dict[str, float | str] = {
         "call_timeout_s": cfg.trainer.worker_timeout_s,
         "start_timeout_s": cfg.trainer.worker_timeout_s,
     }
+    if backend == "ray":  # each rank's output to its log (under torchrun the rank redirected at start)
+        from megarl.observe.worker_logs import logs_dir
+
+        options["log_dir"] = str(logs_dir(cfg.trainer.output_dir))
     pools: dict[str, Any] = {}
     started: list[WorkerGroup] = []  # shut down, last first, when a later role fails to start
 
@@ -102,7 +106,7 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
         }
         if cfg.ref.enable:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
-        groups = make_colocated_groups(backend, pool_for("actor"), colocated, **timeouts)
+        groups = make_colocated_groups(backend, pool_for("actor"), colocated, **options)
         started.append(groups["actor"])
         actor = as_handle(groups["actor"], ActorGroup)
         ref = as_handle(groups["ref"], RefGroup) if "ref" in groups else None
@@ -111,13 +115,13 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
         if cfg.critic.enable:
             spec = role_spec(cfg, "critic", total_steps)
             group = make_worker_group(
-                backend, pool_for("critic"), CriticWorker, "critic", {"spec": spec}, **timeouts
+                backend, pool_for("critic"), CriticWorker, "critic", {"spec": spec}, **options
             )
             started.insert(0, group)
             critic = as_handle(group, CriticGroup)
         if cfg.reward.enable:
             cls, kwargs = _reward_worker(cfg)
-            group = make_worker_group(backend, pool_for("reward"), cls, "reward", kwargs, **timeouts)
+            group = make_worker_group(backend, pool_for("reward"), cls, "reward", kwargs, **options)
             started.insert(0, group)
             reward_model = as_handle(group, RewardModelGroup)
     except BaseException:

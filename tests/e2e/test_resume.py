@@ -57,6 +57,13 @@ def torchrun_run(grpo_run, rl_setup, tmp_path_factory):
     )
     proc = megarl_train(overrides)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the console holds megarl's lines only; every rank's output is in its log
+    console = proc.stdout + proc.stderr
+    for known in ("UserWarning", "FutureWarning", "tcmalloc", "WARNING"):
+        assert known not in console, (known, console)
+    assert proc.stdout.splitlines()[-1].startswith("step 2/2 | reward "), proc.stdout
+    for rank in (0, 1):
+        assert "vllm" in (out / "logs" / f"actor_rank{rank}.log").read_text().lower(), rank
     return out, overrides
 
 
@@ -94,7 +101,12 @@ def test_torchrun_rank_killed_mid_update_then_rerun_resumes_and_matches(torchrun
     seconds = time.monotonic() - start
     message = killed.stdout[-4000:] + killed.stderr[-4000:]
     assert killed.returncode != 0, message
-    for part in ("rank 1", "actor.update", "resume"):
+    for part in (
+        "rank 1",
+        "actor.update",
+        "resume",
+        f"each rank's output: {out / 'logs' / 'actor_rank0.log'}",
+    ):
         assert part in message, (part, message)
     assert seconds < WORKER_TIMEOUT_S + 60, seconds  # start-up + step 2's first stages + the kill
     assert processes_mentioning(str(out)) == []
@@ -141,7 +153,7 @@ def test_ray_run_killed_mid_generate_mid_save_and_fed_nan_losses(rl_setup, tmp_p
     with pytest.raises(WorkerError) as killed, trainer:
         trainer.fit()
     message = str(killed.value)
-    for part in ("step 2", "generate", "rank 1", "actor", platform.node()):
+    for part in ("step 2", "generate", "rank 1", "actor", platform.node(), f"output: {out / 'logs'}"):
         assert part in message, (part, message)
     assert (out / "checkpoints" / "latest").read_text() == "step_1\n"
     time.sleep(2)

@@ -117,9 +117,11 @@ def test_rank_raising_mid_collective_raises_worker_error_and_kills_all(pool2):
         group.coordinates()
 
 
-def test_killed_rank_raises_worker_error_naming_it_and_no_actor_survives(pool2, monkeypatch):
+def test_killed_rank_raises_worker_error_naming_it_and_its_log_and_no_actor_survives(
+    pool2, monkeypatch, tmp_path
+):
     monkeypatch.setenv("MEGARL_FAULT", "kill@actor.world_sum#2/1")  # forwarded into the actors' env
-    group = RayWorkerGroup(pool2, ProbeWorker, "actor")
+    group = RayWorkerGroup(pool2, ProbeWorker, "actor", log_dir=tmp_path)
     procs = group.processes
     assert group.world_sum([1, 2]) == [3, 3]  # the 1st call is not the target
     start = time.monotonic()
@@ -134,6 +136,10 @@ def test_killed_rank_raises_worker_error_naming_it_and_no_actor_survives(pool2, 
         f"(pids {pids[1]}, {pids[0]} gone)" in str(err.value)
     )
     assert _alive(pids) == []  # the message says so only once they are gone
+    log = tmp_path / "actor_rank1.log"  # the rank's own stderr: the fault says where it struck
+    assert f"output: {log}" in str(err.value)
+    assert "megarl: injected fault kill at actor.world_sum" in log.read_text()
+    assert (tmp_path / "actor_rank0.log").exists()
 
 
 def test_hanging_rank_times_out_with_worker_error(pool2):
