@@ -36,9 +36,10 @@ from megarl.observe.run_files import read_metrics
 from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
-from megarl.trainer.rl_stages import build_rl_dataflow, scoring_stages
+from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import Roles
 from megarl.trainer.run_session import RunSession
+from megarl.trainer.scoring import scoring_stages
 
 
 class RLTrainer:

@@ -36,7 +36,7 @@ ERRORS = [  # module, class, builtin base, exit code
     ("megarl.controller.worker", "RemoteError", RuntimeError, EXIT_FAILED),
     ("megarl.controller.worker", "WorkerError", RuntimeError, EXIT_FAILED),
     ("megarl.trainer.bad_steps", "BadStepsError", RuntimeError, EXIT_FAILED),
-    ("megarl.trainer.rl_stages", "DynamicSamplingError", RuntimeError, EXIT_FAILED),
+    ("megarl.trainer.scoring", "DynamicSamplingError", RuntimeError, EXIT_FAILED),
 ]
 
 

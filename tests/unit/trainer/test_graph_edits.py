@@ -16,8 +16,9 @@ from megarl.config.options import AdvEstimator
 from megarl.protocol import Batch
 from megarl.rewards import RewardComputer
 from megarl.trainer.dataflow import DataflowError, Stage, StepContext
-from megarl.trainer.rl_stages import build_rl_dataflow, scoring_stages
+from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import enabled_roles
+from megarl.trainer.scoring import scoring_stages
 
 EXACT_MATCH = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

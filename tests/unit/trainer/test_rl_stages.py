@@ -16,14 +16,13 @@ from megarl.protocol import Batch
 from megarl.rewards import RewardComputer
 from megarl.trainer.dataflow import Stage, StepContext
 from megarl.trainer.rl_stages import (
-    DynamicSamplingError,
     advantages_stage,
     balance_stage,
     build_rl_dataflow,
-    filter_groups_stage,
     pf_ppo_stage,
     rollout_correction_stage,
 )
+from megarl.trainer.scoring import DynamicSamplingError, filter_groups_stage
 
 
 def _cfg(**algorithm) -> MegarlConfig:
