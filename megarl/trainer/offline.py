@@ -32,7 +32,7 @@ from megarl.config.schema import MegarlConfig
 from megarl.data.files import DataError
 from megarl.data.sft import batches
 from megarl.observe.run_files import SUMMARY
-from megarl.trainer.run_session import RunSession
+from megarl.trainer.run_session import RunSession, SessionTrainer
 
 
 def offline_batch_size(train_batch_size: int, n_rows: int, dp: int) -> int:
@@ -47,7 +47,7 @@ def offline_batch_size(train_batch_size: int, n_rows: int, dp: int) -> int:
     return size
 
 
-class OfflineTrainer:
+class OfflineTrainer(SessionTrainer):
     job = "offline"  # the command name, in messages and the summary file's name
     items = "examples"  # what one training item is called in messages
 
@@ -84,17 +84,6 @@ class OfflineTrainer:
             self.close()
             raise
 
-    @property
-    def total_steps(self) -> int:
-        """The step `fit` runs to: trainer.total_steps (or its epochs) until a `fit(total_steps=…)`."""
-        return self.session.total_steps
-
-    def __enter__(self) -> OfflineTrainer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _data_position(self) -> dict[str, int]:
         return {"seed": self.cfg.data.seed, "n_rows": len(self.examples), "batch_size": self.batch_size}
 
@@ -129,11 +118,6 @@ class OfflineTrainer:
         raise NotImplementedError
 
     # ---- the loop ------------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Stop the workers, flush and close the logging backends and write the report (logging.report,
-        once training began); idempotent."""
-        self.session.close()
 
     def fit(self, total_steps: int | None = None) -> Path:
         """Train the steps after the last one done up to `total_steps` (default: the current target,

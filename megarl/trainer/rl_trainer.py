@@ -38,11 +38,11 @@ from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import Roles
-from megarl.trainer.run_session import RunSession
+from megarl.trainer.run_session import RunSession, SessionTrainer
 from megarl.trainer.scoring import scoring_stages
 
 
-class RLTrainer:
+class RLTrainer(SessionTrainer):
     def __init__(
         self,
         cfg: MegarlConfig,
@@ -101,17 +101,6 @@ class RLTrainer:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def total_steps(self) -> int:
-        """The step `fit` runs to: trainer.total_steps (or its epochs) until a `fit(total_steps=…)`."""
-        return self.session.total_steps
-
-    def __enter__(self) -> RLTrainer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def fit(self, total_steps: int | None = None) -> list[dict[str, float]]:
         """Run the steps after the last one done up to `total_steps` (default: the current target,
@@ -300,11 +289,6 @@ class RLTrainer:
         if self.start_step == 0 or self.log.path is None:
             return []
         return [r for r in read_metrics(self.log.path) if r["step"] <= self.start_step]
-
-    def close(self) -> None:
-        """Stop every worker process, flush and close the logging backends and write the report
-        (logging.report, once training began); idempotent."""
-        self.session.close()
 
     def _describe(self) -> str:
         c = self.cfg

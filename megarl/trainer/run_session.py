@@ -15,7 +15,7 @@ rest of a run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 from megarl.checkpoint.run import (
     RL_JOB,
@@ -126,3 +126,26 @@ class RunSession:
                 self._log.close()
                 if self.began_training and self.is_writer and self.cfg.logging.report:
                     try_write_report(self.output_dir, self._log.message)  # never raises
+
+
+class SessionTrainer:
+    """What every trainer shares around its RunSession: the step target, `close()` and the context
+    manager (`with SFTTrainer(cfg) as trainer: trainer.fit()`)."""
+
+    session: RunSession
+
+    @property
+    def total_steps(self) -> int:
+        """The step `fit` runs to: trainer.total_steps (or its epochs) until a `fit(total_steps=…)`."""
+        return self.session.total_steps
+
+    def close(self) -> None:
+        """Stop every worker process, flush and close the logging backends and write the report
+        (logging.report, once training began); idempotent."""
+        self.session.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
