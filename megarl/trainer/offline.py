@@ -123,10 +123,7 @@ class OfflineTrainer(SessionTrainer):
         """Train the steps after the last one done up to `total_steps` (default: the current target,
         trainer.total_steps at first), validate, then export; returns the HF checkpoint directory. The
         workers keep running: a later `fit(total_steps=…)` continues."""
-        if total_steps is not None:
-            if total_steps < self.done_step:
-                raise ValueError(f"total_steps={total_steps} is before the last step done ({self.done_step})")
-            self.session.retarget(total_steps)
+        self._retarget(total_steps)
         self.log.message(
             f"megarl {self.job}: {len(self.examples)} {self.items}, {self.total_steps} steps of "
             f"{self.batch_size} on {self.cfg.model.path}"
@@ -145,9 +142,7 @@ class OfflineTrainer(SessionTrainer):
         """Train the step after the last one done (validating and saving when due, logged as `fit` logs
         it) and return its metrics. A step past the target makes it the target (and so the last)."""
         self._begin()
-        step = self.done_step + 1
-        if step > self.total_steps:
-            self.session.retarget(step)
+        step = self._next_step()
         epoch, index = divmod(step - 1, self.steps_per_epoch)  # the data position is the step
         indices = self._batches_of(epoch)[index]
         with self.profiler.step(step):

@@ -108,10 +108,7 @@ class RLTrainer(SessionTrainer):
         export (trainer.save_hf) and write summary.json; returns every step's metrics so far (a resumed
         run's included). The workers keep running: a later `fit(total_steps=…)` continues. The actor's
         LR schedule spans the configured total; steps past it keep its final learning rate."""
-        if total_steps is not None:
-            if total_steps < self.done_step:
-                raise ValueError(f"total_steps={total_steps} is before the last step done ({self.done_step})")
-            self.session.retarget(total_steps)
+        self._retarget(total_steps)
         self._begin()
         while self.done_step < self.total_steps:
             self.step()
@@ -125,9 +122,7 @@ class RLTrainer(SessionTrainer):
         """Run the step after the last one done (validating and saving when due, logged as `fit` logs
         it) and return its metrics. A step past the target makes it the target (and so the last)."""
         self._begin()
-        step = self.done_step + 1
-        if step > self.total_steps:
-            self.session.retarget(step)
+        step = self._next_step()
         metrics = self._run_step(step)
         self.log.log(step, metrics)
         self.history.append({"step": step, **metrics})

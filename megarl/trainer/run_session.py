@@ -133,6 +133,7 @@ class SessionTrainer:
     manager (`with SFTTrainer(cfg) as trainer: trainer.fit()`)."""
 
     session: RunSession
+    done_step: int  # the last step trained (the resumed checkpoint's at first)
 
     @property
     def total_steps(self) -> int:
@@ -143,6 +144,21 @@ class SessionTrainer:
         """Stop every worker process, flush and close the logging backends and write the report
         (logging.report, once training began); idempotent."""
         self.session.close()
+
+    def _retarget(self, total_steps: int | None) -> None:
+        """`fit(total_steps=…)`: make it the run's last step (not before the last one done)."""
+        if total_steps is None:
+            return
+        if total_steps < self.done_step:
+            raise ValueError(f"total_steps={total_steps} is before the last step done ({self.done_step})")
+        self.session.retarget(total_steps)
+
+    def _next_step(self) -> int:
+        """The step after the last one done; one past the target becomes the target (and so the last)."""
+        step = self.done_step + 1
+        if step > self.total_steps:
+            self.session.retarget(step)
+        return step
 
     def __enter__(self) -> Self:
         return self
