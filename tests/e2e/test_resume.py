@@ -18,23 +18,22 @@ import torch
 from megarl.controller.worker import WorkerError
 from megarl.trainer.bad_steps import BadStepsError
 from megarl.trainer.rl_trainer import RLTrainer
-from tests.helpers.rl_runs import GRPO, assert_same_metrics, greedy_vllm, megarl_cli, megarl_train, run, steps
+from tests.helpers.rl_runs import (
+    GRPO,
+    SMALL_STEP,
+    assert_same_metrics,
+    greedy_vllm,
+    megarl_cli,
+    megarl_train,
+    run,
+    steps,
+)
 from tests.helpers.run_files import jsonl_history
 
 pytestmark = pytest.mark.e2e
 
 WORKER_TIMEOUT_S = 60
-# a small GRPO step (8 prompts × 4 samples) for the fault runs: they test what happens, not learning
-SMALL = (
-    "data.train_batch_size=8",
-    "algorithm.ppo_mini_batch_size=8",
-    "rollout.n=4",
-    "actor.micro_batch_size=8",
-    "ref.micro_batch_size=8",
-    "trainer.eval_every=0",
-    "trainer.val_before_train=false",
-    f"trainer.worker_timeout_s={WORKER_TIMEOUT_S}",
-)
+SMALL = (*SMALL_STEP, f"trainer.worker_timeout_s={WORKER_TIMEOUT_S}")  # the fault runs
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

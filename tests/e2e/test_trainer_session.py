@@ -10,19 +10,11 @@ import psutil
 import pytest
 
 from megarl.trainer.rl_trainer import RLTrainer
+from tests.helpers.rl_runs import SMALL_STEP
 
 pytestmark = pytest.mark.e2e
 
-CHEAP = (
-    "data.train_batch_size=8",
-    "algorithm.ppo_mini_batch_size=8",
-    "rollout.n=4",
-    "actor.micro_batch_size=8",
-    "ref.micro_batch_size=8",
-    "trainer.eval_every=0",
-    "trainer.val_before_train=false",
-    "trainer.total_steps=3",  # fit(total_steps=5) goes past it
-)
+CHEAP = (*SMALL_STEP, "trainer.total_steps=3")  # fit(total_steps=5) goes past it
 
 
 def _alive(pid: int) -> bool:

@@ -21,6 +21,16 @@ GRPO_CONFIG = REPO / "configs" / "quickstart_grpo.yaml"
 LOGPROB_TOLERANCE = 5e-5
 # 32 prompts × 8 samples a step: the step-to-step spread of the mean reward is ≈ 0.03
 GRPO = ("data.train_batch_size=32", "algorithm.ppo_mini_batch_size=32")
+# a small GRPO step (8 prompts × 4 samples) for runs that test what happens, not learning
+SMALL_STEP = (
+    "data.train_batch_size=8",
+    "algorithm.ppo_mini_batch_size=8",
+    "rollout.n=4",
+    "actor.micro_batch_size=8",
+    "ref.micro_batch_size=8",
+    "trainer.eval_every=0",
+    "trainer.val_before_train=false",
+)
 # what differs between two runs of the same steps: wall-clock measurements (generate/*_seconds: the
 # hybrid engine's transition and engine time), and checkpoint sizes (their metadata holds the run's paths)
 NOT_COMPARED = ("timing/", "throughput/", "step_seconds", "generate/", "checkpoint/")
