@@ -36,7 +36,7 @@ from megarl.data.batching import dp_balance_order, imbalance
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
-from megarl.trainer.roles import Roles
+from megarl.trainer.roles import RoleGroups
 from megarl.trainer.scoring import (
     DATASET_COLUMNS,
     PROMPT_COLUMNS,
@@ -299,7 +299,7 @@ def update_actor_stage(
 
 def build_rl_dataflow(
     cfg: MegarlConfig,
-    roles: Roles,
+    roles: RoleGroups,
     reward: RewardComputer,
     more_prompts: Callable[[], Batch] | None = None,
 ) -> tuple[Dataflow, KLController]:

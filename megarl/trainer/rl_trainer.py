@@ -37,7 +37,7 @@ from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.dataflow import StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
-from megarl.trainer.roles import Roles
+from megarl.trainer.roles import RoleGroups
 from megarl.trainer.run_session import RunSession, SessionTrainer
 from megarl.trainer.scoring import scoring_stages
 
@@ -46,7 +46,7 @@ class RLTrainer(SessionTrainer):
     def __init__(
         self,
         cfg: MegarlConfig,
-        roles: Roles | None = None,
+        roles: RoleGroups | None = None,
         reward: Any = None,
         stream: TextIO | None = None,
     ) -> None:

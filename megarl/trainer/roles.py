@@ -31,7 +31,7 @@ from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModel
 
 
 @dataclass
-class Roles:
+class RoleGroups:
     """The worker groups of one run, each seen through its role's typed handle."""
 
     actor: ActorGroup
@@ -63,7 +63,7 @@ def _shutdown(groups: Sequence[GroupHandle | WorkerGroup | None], pools: tuple) 
 
 def is_writer_process(cfg: MegarlConfig) -> bool:
     """Whether this process writes logs and files, known before any worker starts: the driver under
-    Ray, rank 0 under torchrun (what `Roles.is_writer` says once the groups are up)."""
+    Ray, rank 0 under torchrun (what `RoleGroups.is_writer` says once the groups are up)."""
     return cfg.trainer.launcher != "torchrun" or int(os.environ.get("RANK", "0")) == 0
 
 
@@ -72,7 +72,7 @@ def enabled_roles(cfg: MegarlConfig) -> list[str]:
     return ["actor"] + [role for role in ("ref", "critic", "reward") if getattr(cfg, role).enable]
 
 
-def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
+def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     """Start every worker group `cfg` (resolved) needs; on failure, whatever started is shut down."""
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
@@ -132,7 +132,7 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> Roles:
         import torch.distributed as dist
 
         is_writer = dist.get_rank() == 0
-    return Roles(actor, ref, critic, reward_model, is_writer, tuple(pools.values()))
+    return RoleGroups(actor, ref, critic, reward_model, is_writer, tuple(pools.values()))
 
 
 def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:

@@ -32,7 +32,7 @@ from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
 from megarl.observe.run_files import write_run_files
-from megarl.trainer.roles import Roles, build_roles, enabled_roles, is_writer_process
+from megarl.trainer.roles import RoleGroups, build_roles, enabled_roles, is_writer_process
 
 
 class RunSession:
@@ -42,7 +42,7 @@ class RunSession:
         job: str,
         total_steps: int,
         stream: TextIO | None = None,
-        roles: Roles | None = None,
+        roles: RoleGroups | None = None,
     ) -> None:
         """Find trainer.resume's checkpoint and check it against `job` and the roles `cfg` (resolved)
         starts; `roles`: groups already started (they are shut down at close like the session's own)."""
@@ -64,7 +64,7 @@ class RunSession:
         self.began_training = False  # set by the trainer at its first step: the report is due at close
         self._closed = False
 
-    def start(self) -> Roles:
+    def start(self) -> RoleGroups:
         """Open the progress log, write the run files, start the worker groups (unless given), and set up
         the profiler and the run's checkpoints. The caller closes the session if this raises."""
         cfg = self.cfg

@@ -40,7 +40,7 @@ def _stepping_trainer(tmp_path, done: int):
     from megarl.config.schema import MegarlConfig
     from megarl.observe.progress import ProgressLog
     from megarl.trainer.offline import OfflineTrainer
-    from megarl.trainer.roles import Roles
+    from megarl.trainer.roles import RoleGroups
     from megarl.trainer.run_session import RunSession
 
     cfg = MegarlConfig()
@@ -48,7 +48,7 @@ def _stepping_trainer(tmp_path, done: int):
     trainer = OfflineTrainer.__new__(OfflineTrainer)
     trainer.cfg, trainer.examples, trainer.val_examples = cfg, list(range(10)), []
     trainer.batch_size, trainer.steps_per_epoch = 3, 3
-    trainer.session = RunSession(cfg, "sft", 7, roles=Roles(actor=SimpleNamespace(shutdown=lambda: None)))
+    trainer.session = RunSession(cfg, "sft", 7, roles=RoleGroups(actor=SimpleNamespace(shutdown=lambda: None)))
     trainer.session._log = trainer.log = ProgressLog(tmp_path, 7, [])
     trainer.session.profiler = trainer.profiler = SimpleNamespace(step=lambda step: _nothing())
     trainer.start_step = trainer.done_step = done

@@ -13,7 +13,7 @@ from megarl.config.schema import MegarlConfig
 from megarl.observe.progress import ProgressLog
 from megarl.trainer.bad_steps import BadStepCounter
 from megarl.trainer.rl_trainer import RLTrainer
-from megarl.trainer.roles import Roles
+from megarl.trainer.roles import RoleGroups
 from megarl.trainer.run_session import RunSession
 
 pytestmark = pytest.mark.unit
@@ -26,7 +26,7 @@ def fit_without_workers(output_dir: Path, crash_at: int | None = None) -> None:
     cfg.trainer.save_every = -1
     trainer = RLTrainer.__new__(RLTrainer)  # the loop only: __init__ would start the workers
     trainer.cfg, trainer.val_data = cfg, None
-    trainer.session = RunSession(cfg, RL_JOB, 3, roles=Roles(actor=SimpleNamespace(shutdown=lambda: None)))
+    trainer.session = RunSession(cfg, RL_JOB, 3, roles=RoleGroups(actor=SimpleNamespace(shutdown=lambda: None)))
     trainer.session._log = trainer.log = ProgressLog(output_dir, 3, [])
     trainer.is_writer, trainer.output_dir = True, output_dir
     trainer.flow = SimpleNamespace(names=["generate"], describe=lambda: "generate")

@@ -10,7 +10,7 @@ import pytest
 from megarl.config import load_config
 from megarl.observe.backends import TensorBoardSink
 from megarl.trainer.rl_trainer import RLTrainer
-from megarl.trainer.roles import Roles
+from megarl.trainer.roles import RoleGroups
 from tests.helpers.data import verl_row, write_parquet
 
 pytestmark = pytest.mark.unit
@@ -59,7 +59,7 @@ def test_a_failing_step_still_shuts_the_workers_down_and_closes_the_backends(
     ]
     actor, ref = FailingGroup(), FailingGroup()
     out = io.StringIO()
-    trainer = RLTrainer(load_config(CONFIG, overrides), roles=Roles(actor=actor, ref=ref), stream=out)
+    trainer = RLTrainer(load_config(CONFIG, overrides), roles=RoleGroups(actor=actor, ref=ref), stream=out)
     with pytest.raises(RuntimeError, match="generate failed on rank 1"), trainer:
         trainer.fit()
     assert actor.calls == [
