@@ -30,11 +30,27 @@ _EXPORTS = {
     "KTOTrainer": "megarl.trainer.preference",
     "ORPOTrainer": "megarl.trainer.preference",
     "SimPOTrainer": "megarl.trainer.preference",
-    "Dataflow": "megarl.trainer.dataflow",
+    "Dataflow": "megarl.api.flow",
     "Stage": "megarl.trainer.dataflow",
+    "Port": "megarl.trainer.dataflow",
+    "ActorController": "megarl.api.controllers",
+    "CriticController": "megarl.api.controllers",
+    "ReferenceController": "megarl.api.controllers",
+    "RewardController": "megarl.api.controllers",
+    "PPOTrainer": "megarl.api.trainers",
+    "GRPOTrainer": "megarl.api.trainers",
+    "Roles": "megarl.api.trainers",
 }
 
 __all__ = [
+    "ActorController",
+    "CriticController",
+    "GRPOTrainer",
+    "PPOTrainer",
+    "Port",
+    "ReferenceController",
+    "RewardController",
+    "Roles",
     "Batch",
     "ConfigError",
     "Dispatch",
@@ -59,6 +75,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from megarl.api.controllers import (
+        ActorController,
+        CriticController,
+        ReferenceController,
+        RewardController,
+    )
+    from megarl.api.flow import Dataflow
+    from megarl.api.trainers import GRPOTrainer, PPOTrainer, Roles
     from megarl.config.errors import ConfigError
     from megarl.config.load import load_config
     from megarl.config.schema import MegarlConfig
@@ -67,7 +91,7 @@ if TYPE_CHECKING:
     from megarl.distributed.layout import ParallelLayout
     from megarl.errors import MegarlError
     from megarl.protocol import Batch
-    from megarl.trainer.dataflow import Dataflow, Stage
+    from megarl.trainer.dataflow import Port, Stage
     from megarl.trainer.preference import (
         DPOTrainer,
         IPOTrainer,

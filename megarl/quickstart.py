@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -47,31 +49,75 @@ def quickstart_overrides(out: Path, seed: int) -> tuple[list[str], list[str]]:
     return sft, grpo
 
 
-def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> int:
+@dataclass(frozen=True)
+class TaskSetup:
+    """What `prepare` leaves under its directory: the warm-started policy and the task's parquet files."""
+
+    base_model: Path  # the tiny Llama before SFT
+    sft_model: Path  # after the SFT warm start: answers in the task's format, right part of the time
+    data: Path  # train.parquet, val.parquet, sft.parquet
+
+    @property
+    def train_files(self) -> list[str]:
+        return [str(self.data / "train.parquet")]
+
+    @property
+    def val_files(self) -> list[str]:
+        return [str(self.data / "val.parquet")]
+
+
+def prepare(out: Path, seed: int = 0, log: Callable[[int, str], float] | None = None) -> TaskSetup:
+    """Steps 1–3 of the quickstart under `out` (kept: a second call with the same `out` reuses them): the
+    tiny Llama, the task's data and the SFT'd policy. The examples start from it."""
     from megarl.config import load_config
     from megarl.data.tasks import make_task
     from megarl.models.tiny import build_tiny_hf
-    from megarl.trainer.rl_trainer import RLTrainer
     from megarl.trainer.sft import SFTTrainer
 
-    shutil.rmtree(out, ignore_errors=True)
-    began = time.perf_counter()
-    sft_overrides, grpo_overrides = quickstart_overrides(out, seed)
-    if grpo_steps is not None:
-        grpo_overrides.append(f"trainer.total_steps={grpo_steps}")
+    out = Path(out).resolve()  # the worker processes may run in another directory
+    setup = TaskSetup(out / "models" / "llama", out / "sft" / "hf", out / "data")
+    if (setup.sft_model / "config.json").exists() and (setup.data / "val.parquet").exists():
+        return setup
+    step = log or (lambda n, text: time.perf_counter())
+    sft_overrides, _ = quickstart_overrides(out, seed)
 
-    start = _step(1, f"building a tiny Llama under {out}/models")
-    build_tiny_hf(out / "models" / "llama", family="llama", seed=seed)
+    start = step(1, f"building a tiny Llama under {out}/models")
+    build_tiny_hf(setup.base_model, family="llama", seed=seed)
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
-    start = _step(2, f"writing the {TASK} task (warm-start answers: half copy the input) under {out}/data")
-    make_task(TASK, out / "data", seed=seed, sft_noise=0.5)
+    start = step(2, f"writing the {TASK} task (warm-start answers: half copy the input) under {out}/data")
+    make_task(TASK, setup.data, seed=seed, sft_noise=0.5)
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
-    start = _step(3, "SFT warm-start (configs/quickstart_sft.yaml)")
+    start = step(3, "SFT warm-start (configs/quickstart_sft.yaml)")
     with SFTTrainer(load_config(CONFIGS / "quickstart_sft.yaml", sft_overrides)) as trainer:
         trainer.fit()
     print(f"      done in {time.perf_counter() - start:.1f}s")
+    return setup
+
+
+def task_config(setup: TaskSetup, out: str | Path, **keys: object) -> dict:
+    """configs/quickstart_grpo.yaml as a dict pointed at `setup`'s data and writing to `out`, with `keys`
+    (dotted, e.g. {"trainer.total_steps": 5}) on top: the examples' config."""
+    from megarl.config.load import config_tree
+
+    tree = config_tree(CONFIGS / "quickstart_grpo.yaml")
+    tree["model"]["path"] = str(setup.sft_model)
+    tree["data"]["train_files"], tree["data"]["val_files"] = setup.train_files, setup.val_files
+    tree["trainer"]["output_dir"] = str(Path(out).resolve())
+    return {**tree, **keys}
+
+
+def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> int:
+    from megarl.config import load_config
+    from megarl.trainer.rl_trainer import RLTrainer
+
+    shutil.rmtree(out, ignore_errors=True)
+    began = time.perf_counter()
+    _, grpo_overrides = quickstart_overrides(out, seed)
+    if grpo_steps is not None:
+        grpo_overrides.append(f"trainer.total_steps={grpo_steps}")
+    prepare(out, seed, log=_step)
 
     start = _step(4, "GRPO through the 3D-HybridEngine (configs/quickstart_grpo.yaml)")
     with RLTrainer(load_config(CONFIGS / "quickstart_grpo.yaml", grpo_overrides)) as trainer:

@@ -22,7 +22,7 @@ from megarl.config.errors import ConfigError
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
 
-__all__ = ["ConfigError", "config_to_yaml", "load_config", "validate"]
+__all__ = ["ConfigError", "config_from", "config_to_yaml", "load_config", "validate"]
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 _EXAMPLES = {int: 1, float: 1.0, bool: True, str: "text"}
@@ -36,10 +36,57 @@ def load_config(
     Returns a validated `MegarlConfig` whose "None = auto" fields are decided. Raises `ConfigError`
     listing every problem. `check_paths=False` skips file-existence and model-dependent checks.
     """
+    return _build([] if path is None else [_read_yaml(os.fspath(path))], overrides, check_paths)
+
+
+def config_from(
+    source: str | os.PathLike[str] | dict[str, Any] | MegarlConfig | None,
+    settings: Sequence[dict[str, Any]] = (),
+    overrides: Sequence[str] = (),
+    check_paths: bool = True,
+) -> MegarlConfig:
+    """The Python API's config: `source` (a YAML path, a dict of sections — nested, or with dotted keys
+    such as {"actor.optimizer.lr": 1e-3} — or a MegarlConfig), then each tree of `settings` (what the
+    controllers set), then dotlist `overrides`; checked exactly as `load_config` checks the CLI's, with
+    the same messages."""
+    trees = [config_tree(source)]
+    return _build(trees + [_nest(tree) for tree in settings], overrides, check_paths)
+
+
+def config_tree(source: str | os.PathLike[str] | dict[str, Any] | MegarlConfig | None) -> dict[str, Any]:
+    """`config_from`'s source as a nested dict of sections, unchecked."""
+    if source is None:
+        return {}
+    if isinstance(source, MegarlConfig):
+        tree = OmegaConf.to_container(OmegaConf.structured(source), resolve=False)
+        assert isinstance(tree, dict)
+        return tree
+    if isinstance(source, dict):
+        return _nest(source)
+    if isinstance(source, (str, os.PathLike)):
+        return _read_yaml(os.fspath(source))
+    raise ConfigError(
+        [f"config={type(source).__name__}: pass a dict, a MegarlConfig or the path of a YAML file"]
+    )
+
+
+def _nest(tree: dict[str, Any]) -> dict[str, Any]:
+    """{"actor.optimizer.lr": 1e-3} -> {"actor": {"optimizer": {"lr": 1e-3}}} (nested keys kept)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        node = out
+        *parents, leaf = str(key).split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        value = _nest(value) if isinstance(value, dict) else value
+        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+            value = {**node[leaf], **value}
+        node[leaf] = value
+    return out
+
+
+def _build(trees: list[dict[str, Any]], overrides: Sequence[str], check_paths: bool) -> MegarlConfig:
     problems: list[str] = []
-    trees: list[dict[str, Any]] = []
-    if path is not None:
-        trees.append(_read_yaml(os.fspath(path)))
     if isinstance(overrides, str):
         overrides = [overrides]
     for item in overrides:

@@ -5,6 +5,7 @@
     flow.insert_after("reward", Stage("length_penalty", penalise, reads=("responses",), writes=(...)))
     flow.replace("reward", Stage("reward", my_reward, ...))
     flow.connect("reward", "my_filter")       # my_filter runs after reward even if no column links them
+    flow.connect(actor.output, reward_model.input)   # ports: the columns one stage writes and another reads
     batch = flow.run(prompts, StepContext(step=1))   # ctx.metrics gains timing/<stage> seconds
 
 Stages run in list order, except where an edge requires otherwise: a stage runs after every stage listed
@@ -27,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -95,6 +96,30 @@ class Stage:
         return out
 
 
+@dataclass(frozen=True)
+class Port:
+    """The columns a stage reads ("input") or writes ("output"), as a controller names them
+    (`actor.output` = the generate stage's rollouts; `reward_model.input` = what the reward model reads)."""
+
+    stage: str
+    columns: tuple[str, ...]
+    kind: Literal["input", "output"]
+    label: str  # how the user wrote it, e.g. "actor.output"
+
+
+def as_stage(item: Any) -> Stage:
+    """A Stage, or the stage a controller method stands for (`flow.add_stage(reward_model.score)`)."""
+    if isinstance(item, Stage):
+        return item
+    make = getattr(getattr(item, "__self__", None), "stage_for", None)
+    if callable(make):
+        return make(item.__name__)
+    raise DataflowError(
+        f"a flow takes a Stage or a controller method (e.g. reward_model.score), not {item!r}; wrap a "
+        "function as Stage(name, fn, reads=(...), writes=(...)) with fn(ctx, batch) returning its columns"
+    )
+
+
 def merge_columns(batch: Batch, new: Batch | dict[str, Any] | None) -> Batch:
     """`batch` with the columns of `new` added or replaced (same rows); meta of both."""
     if new is None:
@@ -134,25 +159,30 @@ class Dataflow:
     def __getitem__(self, name: str) -> Stage:
         return self._stages[self._index(name)]
 
-    def add_stage(self, stage: Stage) -> Dataflow:
-        """Append `stage` (it runs after everything it reads from)."""
+    def add_stage(self, stage: Stage | Any) -> Dataflow:
+        """Append `stage` — a Stage or a controller method such as `reward_model.score` (it runs after
+        everything it reads from)."""
+        stage = as_stage(stage)
         self._refuse_duplicate(stage)
         return self._edit(lambda: self._stages.append(stage))
 
-    def insert_after(self, name: str, stage: Stage) -> Dataflow:
+    def insert_after(self, name: str, stage: Stage | Any) -> Dataflow:
         """Put `stage` right after the stage `name`."""
+        stage = as_stage(stage)
         self._refuse_duplicate(stage)
         position = self._index(name) + 1
         return self._edit(lambda: self._stages.insert(position, stage))
 
-    def insert_before(self, name: str, stage: Stage) -> Dataflow:
+    def insert_before(self, name: str, stage: Stage | Any) -> Dataflow:
         """Put `stage` right before the stage `name`."""
+        stage = as_stage(stage)
         self._refuse_duplicate(stage)
         position = self._index(name)
         return self._edit(lambda: self._stages.insert(position, stage))
 
-    def replace(self, name: str, stage: Stage) -> Dataflow:
+    def replace(self, name: str, stage: Stage | Any) -> Dataflow:
         """Swap the stage `name` for `stage` (same position; edges to `name` now point at `stage`)."""
+        stage = as_stage(stage)
         if stage.name != name and stage.name in self:
             raise DataflowError(f"a stage named {stage.name!r} exists already; remove it first")
         position = self._index(name)
@@ -174,9 +204,18 @@ class Dataflow:
 
         return self._edit(drop)
 
-    def connect(self, upstream: str, downstream: str) -> Dataflow:
-        """Make `downstream` run after `upstream` (an edge no column expresses)."""
-        self._index(upstream), self._index(downstream)
+    def connect(self, upstream: str | Port, downstream: str | Port) -> Dataflow:
+        """Make `downstream` run after `upstream`: two stage names (an edge no column expresses), or an
+        output port and an input port (`flow.connect(actor.output, reward_model.input)`), which must
+        share a column: what the upstream stage writes that the downstream one reads."""
+        if isinstance(upstream, Port) or isinstance(downstream, Port):
+            upstream, downstream = _port_edge(upstream, downstream)
+        for name in (upstream, downstream):
+            if name not in self:
+                raise DataflowError(
+                    f"no stage named {name!r} in this flow (stages: {', '.join(self.names)}); add the "
+                    "controller's stage first (flow.add_stage(...))"
+                )
         return self._edit(lambda: self._edges.add((upstream, downstream)))
 
     def check(self, awaiting: Iterable[str] = ()) -> None:
@@ -262,6 +301,26 @@ class Dataflow:
             done.add(ready.name)
             remaining.remove(ready)
         return ordered
+
+
+def _port_edge(upstream: str | Port, downstream: str | Port) -> tuple[str, str]:
+    """The (upstream, downstream) stage names of a port connection, refused unless an output meets an
+    input that reads one of its columns."""
+    if not (isinstance(upstream, Port) and isinstance(downstream, Port)):
+        raise DataflowError(
+            "connect two ports (connect(actor.output, reward_model.input)) or two stage names"
+        )
+    if upstream.kind != "output" or downstream.kind != "input":
+        raise DataflowError(
+            f"connect(upstream, downstream) takes an output then an input; got {upstream.label} "
+            f"({upstream.kind}) and {downstream.label} ({downstream.kind})"
+        )
+    if not set(upstream.columns) & set(downstream.columns):
+        raise DataflowError(
+            f"{upstream.label} writes {', '.join(upstream.columns)}; {downstream.label} reads "
+            f"{', '.join(downstream.columns)}: no column in common, so nothing flows between them"
+        )
+    return upstream.stage, downstream.stage
 
 
 # A column's version is the stage that wrote it (None: the graph's inputs); a lineage maps each

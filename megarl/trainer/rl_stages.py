@@ -302,11 +302,13 @@ def build_rl_dataflow(
     roles: RoleGroups,
     reward: RewardComputer,
     more_prompts: Callable[[], Batch] | None = None,
+    flow_class: type[Dataflow] = Dataflow,
 ) -> tuple[Dataflow, KLController]:
     """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
-    `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it)."""
+    `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it); `flow_class`:
+    the graph's class (the Python API's adds its entry points)."""
     algo = cfg.algorithm
-    flow = Dataflow(inputs=(*PROMPT_COLUMNS, Col.UID, *DATASET_COLUMNS))
+    flow = flow_class(inputs=(*PROMPT_COLUMNS, Col.UID, *DATASET_COLUMNS))
 
     def before(name: str) -> Callable[[], list[Stage]]:
         """The flow's stages before `name` (prompts in, scored rollouts out), as they are when it runs."""

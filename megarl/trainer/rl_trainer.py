@@ -35,7 +35,7 @@ from megarl.controller.worker import WorkerError
 from megarl.observe.run_files import read_metrics
 from megarl.protocol import Batch, Col
 from megarl.trainer.bad_steps import BadStepCounter
-from megarl.trainer.dataflow import StepContext
+from megarl.trainer.dataflow import Dataflow, StepContext
 from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import RoleGroups
 from megarl.trainer.run_session import RunSession, SessionTrainer
@@ -43,6 +43,8 @@ from megarl.trainer.scoring import scoring_stages
 
 
 class RLTrainer(SessionTrainer):
+    flow_class: type[Dataflow] = Dataflow  # the step graph's class (the Python API's adds run(steps=...))
+
     def __init__(
         self,
         cfg: MegarlConfig,
@@ -92,7 +94,9 @@ class RLTrainer(SessionTrainer):
             self.roles = session.start()
             self.log, self.profiler, self.checkpoints = session.log, session.profiler, session.checkpoints
             self.is_writer = session.is_writer
-            self.flow, self.kl_ctrl = build_rl_dataflow(cfg, self.roles, self.reward, self.next_prompts)
+            self.flow, self.kl_ctrl = build_rl_dataflow(
+                cfg, self.roles, self.reward, self.next_prompts, self.flow_class
+            )
             session.resume_groups()
             if resumed is not None:
                 self._resume(resumed)

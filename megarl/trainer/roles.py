@@ -40,11 +40,34 @@ class RoleGroups:
     reward_model: RewardModelGroup | None = None
     is_writer: bool = True  # this process writes logs and files (the driver, or rank 0 under torchrun)
     pools: tuple = ()
+    # roles whose groups outlive the run: the Python API's controllers own them and stop them at their
+    # close() (the reference lives in the actor's processes, so it stays with the actor)
+    detached: frozenset[str] = frozenset()
 
     def shutdown(self) -> None:
-        """End every group's processes (Ray) or tear down this rank's workers (SPMD); idempotent."""
+        """End every group's processes (Ray) or tear down this rank's workers (SPMD), the detached roles'
+        excepted; idempotent."""
+        if self.detached:
+            kept = self.detached | ({"ref"} if "actor" in self.detached else set())
+            groups = {
+                "reward_model": self.reward_model,
+                "critic": self.critic,
+                "ref": self.ref,
+                "actor": self.actor,
+            }
+            _shutdown([g for role, g in groups.items() if role not in kept], ())
+            return
         _shutdown([self.reward_model, self.critic, self.ref, self.actor], self.pools)
         self.pools = ()
+
+    def stop(self, role: str) -> None:
+        """Stop one detached role's group; the pools go with the last of them."""
+        group = getattr(self, role)
+        _shutdown([group, self.ref] if role == "actor" else [group], ())
+        self.detached = self.detached - {role}
+        if not self.detached:
+            _shutdown([], self.pools)
+            self.pools = ()
 
 
 def _shutdown(groups: Sequence[GroupHandle | WorkerGroup | None], pools: tuple) -> None:
@@ -78,16 +101,8 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     from megarl.workers.critic import CriticWorker
     from megarl.workers.reference import ReferenceWorker
 
-    backend: Backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
-    # Ray: the driver's deadline per call (and start); both: every process group's collective timeout
-    options: dict[str, float | str] = {
-        "call_timeout_s": cfg.trainer.worker_timeout_s,
-        "start_timeout_s": cfg.trainer.worker_timeout_s,
-    }
-    if backend == "ray":  # each rank's output to its log (under torchrun the rank redirected at start)
-        from megarl.observe.worker_logs import logs_dir
-
-        options["log_dir"] = str(logs_dir(cfg.trainer.output_dir))
+    backend = group_backend(cfg)
+    options = group_options(cfg)
     pools: dict[str, Any] = {}
     started: list[WorkerGroup] = []  # shut down, last first, when a later role fails to start
 
@@ -133,6 +148,40 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
 
         is_writer = dist.get_rank() == 0
     return RoleGroups(actor, ref, critic, reward_model, is_writer, tuple(pools.values()))
+
+
+def group_backend(cfg: MegarlConfig) -> Backend:
+    return "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
+
+
+def group_options(cfg: MegarlConfig) -> dict[str, float | str]:
+    """The worker-group options of a run: Ray's deadline per call (and start) and every process group's
+    collective timeout; under Ray each rank's output goes to its log file (under torchrun the rank
+    redirected its output at start)."""
+    options: dict[str, float | str] = {
+        "call_timeout_s": cfg.trainer.worker_timeout_s,
+        "start_timeout_s": cfg.trainer.worker_timeout_s,
+    }
+    if group_backend(cfg) == "ray":
+        from megarl.observe.worker_logs import logs_dir
+
+        options["log_dir"] = str(logs_dir(cfg.trainer.output_dir))
+    return options
+
+
+def start_reward_model(cfg: MegarlConfig) -> tuple[RewardModelGroup, Any]:
+    """A reward-model group for `cfg.reward` on a Ray pool of its own (the Python API's reward
+    controllers beyond the run's own reward model): (typed handle, pool to remove after its shutdown)."""
+    if group_backend(cfg) != "ray":
+        raise ValueError("reward controllers started by the Python API need trainer.launcher=ray")
+    pool = _ray_pool(cfg, cfg.world_size("reward"), name="megarl-reward")
+    cls, kwargs = _reward_worker(cfg)
+    try:
+        group = make_worker_group("ray", pool, cls, "reward", kwargs, **group_options(cfg))
+    except BaseException:
+        pool.remove()
+        raise
+    return as_handle(group, RewardModelGroup), pool
 
 
 def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:

@@ -48,7 +48,9 @@ def _stepping_trainer(tmp_path, done: int):
     trainer = OfflineTrainer.__new__(OfflineTrainer)
     trainer.cfg, trainer.examples, trainer.val_examples = cfg, list(range(10)), []
     trainer.batch_size, trainer.steps_per_epoch = 3, 3
-    trainer.session = RunSession(cfg, "sft", 7, roles=RoleGroups(actor=SimpleNamespace(shutdown=lambda: None)))
+    trainer.session = RunSession(
+        cfg, "sft", 7, roles=RoleGroups(actor=SimpleNamespace(shutdown=lambda: None))
+    )
     trainer.session._log = trainer.log = ProgressLog(tmp_path, 7, [])
     trainer.session.profiler = trainer.profiler = SimpleNamespace(step=lambda step: _nothing())
     trainer.start_step = trainer.done_step = done

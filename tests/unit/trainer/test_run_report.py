@@ -26,7 +26,9 @@ def fit_without_workers(output_dir: Path, crash_at: int | None = None) -> None:
     cfg.trainer.save_every = -1
     trainer = RLTrainer.__new__(RLTrainer)  # the loop only: __init__ would start the workers
     trainer.cfg, trainer.val_data = cfg, None
-    trainer.session = RunSession(cfg, RL_JOB, 3, roles=RoleGroups(actor=SimpleNamespace(shutdown=lambda: None)))
+    trainer.session = RunSession(
+        cfg, RL_JOB, 3, roles=RoleGroups(actor=SimpleNamespace(shutdown=lambda: None))
+    )
     trainer.session._log = trainer.log = ProgressLog(output_dir, 3, [])
     trainer.is_writer, trainer.output_dir = True, output_dir
     trainer.flow = SimpleNamespace(names=["generate"], describe=lambda: "generate")

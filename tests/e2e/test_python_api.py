@@ -1,0 +1,88 @@
+"""The Python API as users meet it: the README's two examples run from the README text itself and every
+script in examples/ runs, each in a smaller setting, asserting what it shows.
+
+The examples find the quickstart task through `megarl.quickstart.prepare("outputs/examples/task")`,
+which reuses what is there: the tests run in a temporary directory where that path holds the session's
+SFT'd model and data (tests/e2e/conftest.py), so nothing is trained twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+# a small step (8 prompts × 4 samples, no validation) for runs that show what happens, not learning
+SMALL = {
+    "data.train_batch_size": 8,
+    "algorithm.ppo_mini_batch_size": 8,
+    "rollout.n": 4,
+    "actor.micro_batch_size": 8,
+    "ref.micro_batch_size": 8,
+    "trainer.val_before_train": False,
+    "trainer.eval_every": 0,
+    "logging.report": False,
+    "trainer.save_every": -1,
+}
+
+
+@pytest.fixture
+def workdir(rl_setup, tmp_path, monkeypatch):
+    """A directory whose outputs/examples/task is the session's quickstart task (see the module doc)."""
+    task = tmp_path / "outputs" / "examples" / "task"
+    (task / "models").mkdir(parents=True)
+    (task / "models" / "llama").symlink_to(rl_setup.base_model)
+    (task / "sft").symlink_to(rl_setup.sft_model.parent)
+    (task / "data").symlink_to(rl_setup.data)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    return tmp_path
+
+
+def example(name: str):
+    return importlib.import_module(name)
+
+
+def readme_block(marker: str) -> str:
+    text = (REPO / "README.md").read_text()
+    found = re.search(rf"<!-- readme-example: {marker} -->\n```python\n(.*?)```", text, re.S)
+    assert found, f"README.md has no python block after <!-- readme-example: {marker} -->"
+    return found.group(1)
+
+
+def small_readme(code: str, steps: int) -> str:
+    """The README's code with fewer steps and the small step's settings (the only substitutions)."""
+    code = code.replace('"trainer.total_steps": 10', f'"trainer.total_steps": {steps}, **SMALL')
+    code = code.replace(
+        'task_config(task, "outputs/api_flow")', 'task_config(task, "outputs/api_flow", **SMALL)'
+    )
+    return code.replace("flow.run(steps=4)", f"flow.run(steps={steps})")
+
+
+def test_the_readmes_ppo_example_runs_from_its_text(workdir):
+    scope = {"SMALL": SMALL}
+    exec(compile(small_readme(readme_block("ppo"), steps=2), "README.md[ppo]", "exec"), scope)
+    history = scope["history"]
+    assert [h["step"] for h in history] == [1, 2]
+    assert {"critic/value_loss", "actor/pg_loss", "reward/exact/mean"} <= set(history[0])
+    assert not scope["actor"].started and not scope["critic"].started  # the with block stopped them
+
+
+def test_the_readmes_flow_rewiring_runs_from_its_text(workdir, capsys):
+    scope = {"SMALL": SMALL}
+    exec(compile(small_readme(readme_block("flow"), steps=2), "README.md[flow]", "exec"), scope)
+    history, flow = scope["history"], scope["flow"]
+    assert [h["step"] for h in history] == [1, 2]
+    names = flow.names
+    assert names.index("generate") < names.index("short") < names.index("reward") < names.index("clip")
+    for h in history:  # the weighted sum, clipped at 1 by the user's stage after it
+        assert h["reward/mean"] <= 1.0
+        assert h["reward/exact/mean"] >= 0 and "reward/short/mean" in h
+    assert "clip: scores -> scores" in capsys.readouterr().out
