@@ -255,13 +255,14 @@ class RewardController(Controller):
     def section(self) -> dict[str, Any]:
         return {"backend": self.backend, **super().section()}
 
-    def fit(self, pairs: str | list[str], config: Any = None, **overrides: Any) -> Any:
-        """Train this controller's reward model with the Bradley–Terry loss on preference pairs
-        (data.train_files; `config`: the `megarl rm` config, a dict or a YAML path) and use the exported
-        sequence classifier as this controller's model. Returns the run's history."""
+    def fit(self, pairs: Any, config: Any = None, val_pairs: Any = None, **keys: Any) -> list[dict[str, float]]:
+        """Train this controller's model with the Bradley–Terry loss on preference `pairs` (held-out
+        `val_pairs` give val/rm/accuracy), as `megarl rm` does (`config`: its config, a dict or a YAML
+        path; `keys`: dotted keys on top), then score with the exported sequence classifier. Returns the
+        steps' metrics."""
         from megarl.api.reward_training import fit_reward_model
 
-        return fit_reward_model(self, pairs, config, **overrides)
+        return fit_reward_model(self, pairs, config, val_pairs, **keys)
 
     @property
     def input(self) -> Port:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import importlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from tests.helpers.rl_runs import assert_same_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -66,13 +68,17 @@ def small_readme(code: str, steps: int) -> str:
     return code.replace("flow.run(steps=4)", f"flow.run(steps={steps})")
 
 
-def test_the_readmes_ppo_example_runs_from_its_text(workdir):
+def test_the_readmes_ppo_example_is_examples_ppo_simple_and_runs_from_its_text(workdir):
+    code = readme_block("ppo")
+    assert code in (REPO / "examples" / "ppo_simple.py").read_text()  # the example IS the README's text
     scope = {"SMALL": SMALL}
-    exec(compile(small_readme(readme_block("ppo"), steps=2), "README.md[ppo]", "exec"), scope)
+    exec(compile(small_readme(code, steps=2), "README.md[ppo]", "exec"), scope)
     history = scope["history"]
     assert [h["step"] for h in history] == [1, 2]
+    assert scope["first"] == {k: v for k, v in history[0].items() if k != "step"}
     assert {"critic/value_loss", "actor/pg_loss", "reward/exact/mean"} <= set(history[0])
-    assert not scope["actor"].started and not scope["critic"].started  # the with block stopped them
+    assert history[0]["reward/mean"] == history[0]["reward/exact/mean"]  # one term, weight 1
+    assert not scope["actor"].started and not scope["critic"].started  # close() stopped them
 
 
 def test_the_readmes_flow_rewiring_runs_from_its_text(workdir, capsys):
@@ -86,3 +92,33 @@ def test_the_readmes_flow_rewiring_runs_from_its_text(workdir, capsys):
         assert h["reward/mean"] <= 1.0
         assert h["reward/exact/mean"] >= 0 and "reward/short/mean" in h
     assert "clip: scores -> scores" in capsys.readouterr().out
+
+
+def test_grpo_curriculum_switches_the_reward_at_the_step_it_says(workdir):
+    history = example("grpo_curriculum").main(steps=3, switch=2, **SMALL)
+    terms = [sorted(k for k in h if k in ("reward/partial/mean", "reward/exact/mean")) for h in history]
+    assert terms == [["reward/partial/mean"], ["reward/exact/mean"], ["reward/exact/mean"]]
+    for h in history:
+        term = h.get("reward/partial/mean", h.get("reward/exact/mean"))
+        assert h["reward/mean"] == pytest.approx(term, abs=1e-6)
+
+
+def test_multi_objective_sums_the_terms_with_the_weights_set_for_each_step(workdir):
+    mod = example("multi_objective")
+    history = mod.main(steps=3, reweigh=3, **SMALL)
+    for h in history:
+        w = mod.WEIGHTS[0] if h["step"] < 3 else mod.WEIGHTS[1]
+        expected = w["exact"] * h["reward/exact/mean"] + w["brevity"] * h["reward/brevity/mean"]
+        assert h["reward/mean"] == pytest.approx(expected, abs=1e-6), h["step"]
+    assert any(h["reward/brevity/mean"] > 0 for h in history)  # the weight change is visible in the sum
+
+
+def test_an_in_memory_model_and_a_torch_adamw_train_exactly_as_the_path_and_the_config(workdir):
+    runs = example("hf_model").main(steps=2, **SMALL)
+    (object_history, object_lps), (path_history, path_lps) = runs["in_memory"], runs["from_path"]
+    assert len(object_lps) == len(path_lps) == 2
+    # step 1: the same weights reached the ranks; step 2: the AdamW instance made the config's update
+    for step, (a, b) in enumerate(zip(object_lps, path_lps), start=1):
+        assert torch.equal(a, b), f"step {step}: engine log-probs differ by {float((a - b).abs().max())}"
+    for a, b in zip(object_history, path_history):
+        assert_same_metrics(b, a)
