@@ -179,6 +179,7 @@ def build_optimizer(
         megatron_cfg, chunks, use_gloo_process_groups=platform().gloo_twin_groups
     )
     _use_fused_torch_adam(optimizer)
+    _allow_loading_sgd_state(optimizer)
     # The schedules multiply each loss by the current loss scale (1 unless fp16).
     model_config.grad_scale_func = optimizer.scale_loss
     scheduler = OptimizerParamScheduler(
@@ -208,3 +209,11 @@ def _use_fused_torch_adam(optimizer) -> None:
             params = group["params"]
             if params and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params):
                 group["foreach"], group["fused"] = False, True
+
+
+def _allow_loading_sgd_state(optimizer) -> None:
+    """Megatron gives SGD no `init_state_fn` (None), which its sharded_state_dict(is_loading=True) calls;
+    torch's SGD makes its momentum buffers at its first step, as megarl.checkpoint does before a load."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(part, "init_state_fn") and part.init_state_fn is None:
+            part.init_state_fn = lambda opt, config=None: None

@@ -1,7 +1,7 @@
 """Rank code for test_optimizer_mapping: megatron's optimizer built from each OptimizerConfig.name on one
 rank (gloo), stepped on the same gradients.
 
-A rank program (megarl.distributed.rank_program) on 1 rank; spec unused. It reports one dict of maximum
+A rank program (megarl.distributed.rank_program) on 1 rank, argv: DIR (for a checkpoint). It reports one dict of maximum
 parameter differences. The gradients are written straight into DDP's grad buffer (`main_grad`; with one
 rank there is nothing to reduce), so every run sees the same ones. The references are torch.optim's AdamW,
 Adam and SGD on a copy of the parameters, grouped as megatron groups them (no weight decay on biases and
@@ -10,11 +10,14 @@ Adam and SGD on a copy of the parameters, grouped as megatron groups them (no we
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from megarl.api.optimizers import optimizer_config
+from megarl.checkpoint.role import load_train_state, save_train_state
 from megarl.config.schema import OptimizerConfig
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
@@ -22,17 +25,16 @@ from megarl.models.ddp import wrap_ddp
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.optimizer import build_optimizer
 
-ARCH = ModelArchitecture.from_hf_config(
-    {
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "hidden_size": 32,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "intermediate_size": 64,
-        "vocab_size": 100,
-    }
-)
+HF_CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 1,
+    "hidden_size": 32,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+    "vocab_size": 100,
+}
+ARCH = ModelArchitecture.from_hf_config(HF_CONFIG)
 LAYOUT = ParallelLayout(world_size=1)
 HYPER = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
 STEPS = 3  # momentum and Adam's bias correction act from the second step on
@@ -61,12 +63,40 @@ def gradients(weights: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
 def megatron_run(weights, grads, cfg: OptimizerConfig, steps: int = STEPS) -> dict[str, torch.Tensor]:
     chunks = fresh_chunks(weights, cfg.use_distributed_optimizer)
     opt = build_optimizer(chunks, cfg, total_steps=steps)
-    for step_grads in grads[:steps]:
+    step(chunks, opt, grads[:steps])
+    return params_of(chunks)
+
+
+def step(chunks, opt, grads: list[dict[str, torch.Tensor]]) -> None:
+    for step_grads in grads:
         opt.zero_grad()
         for name, p in chunks[0].module.named_parameters():
             p.main_grad.copy_(step_grads[name])
         assert opt.step()["update_successful"]
+
+
+def params_of(chunks) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in chunks[0].module.named_parameters()}
+
+
+def sgd_resume_diff(weights, grads, directory: Path) -> float:
+    """SGD's momentum survives a checkpoint: steps 1-2, save, step 3 == steps 1-2, load, step 3."""
+    hf_dir = directory / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps(HF_CONFIG))
+    cfg = OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, use_distributed_optimizer=False)
+    chunks = fresh_chunks(weights, dist_opt=False)
+    opt = build_optimizer(chunks, cfg, total_steps=STEPS)
+    step(chunks, opt, grads[:2])
+    meta = {"dtype": "fp32", "padded_vocab_size": chunks[0].module.vocab_size, "source": str(hf_dir)}
+    save_train_state(chunks, opt, directory / "ckpt", meta, hf_dir)
+    step(chunks, opt, grads[2:])
+    resumed = fresh_chunks(weights, dist_opt=False)
+    resumed_opt = build_optimizer(resumed, cfg, total_steps=STEPS)
+    assert load_train_state(resumed, resumed_opt, directory / "ckpt")["optimizer"] == "loaded"
+    step(resumed, resumed_opt, grads[2:])
+    want, got = params_of(chunks), params_of(resumed)
+    return max((got[n] - want[n]).abs().max().item() for n in want)
 
 
 def torch_run(weights, grads, make_optimizer) -> dict[str, torch.Tensor]:
@@ -87,7 +117,7 @@ def allclose_ratio(got: dict, want: dict) -> float:
     return max(((got[n] - want[n]).abs() / (1e-6 * want[n].abs() + 1e-7)).max().item() for n in want)
 
 
-def main(spec) -> dict:
+def main(spec: list[str]) -> dict:
     LAYOUT.initialize(seed=7)
     weights = {name: p.detach().clone() for name, p in build_model_chunks(ARCH, LAYOUT)[0].named_parameters()}
     grads = gradients(weights)
@@ -127,6 +157,7 @@ def main(spec) -> dict:
     except ValueError as e:
         sgd_dist_opt_error = str(e)
     return {
+        "sgd_resume_max_diff": sgd_resume_diff(weights, grads, Path(spec[0])),
         "adamw_instance_vs_dict_max_diff": identical,
         "step1_max_change": moved,
         "vs_torch_allclose_ratio": vs_torch,

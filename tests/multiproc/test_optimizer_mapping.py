@@ -1,6 +1,7 @@
 """OptimizerConfig.name and torch optimizers mapped onto megatron's optimizer, numerically: a torch AdamW
 instance gives the same step-1 update as the equivalent dict, and megatron's "adamw", "adam" (L2) and
-"sgd" give the updates torch.optim's AdamW, Adam and SGD give — one single-rank launch."""
+"sgd" give the updates torch.optim's AdamW, Adam and SGD give; SGD resumes from a checkpoint — one
+single-rank launch."""
 
 import pytest
 
@@ -8,8 +9,9 @@ pytestmark = pytest.mark.multiproc
 
 
 @pytest.fixture(scope="module")
-def result(torchrun):
-    return torchrun("tests.multiproc.optimizer_mapping_checks", [], nproc=1).results[0]
+def result(torchrun, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("optimizer_mapping")
+    return torchrun("tests.multiproc.optimizer_mapping_checks", [directory], nproc=1).results[0]
 
 
 @pytest.mark.parametrize("dist_opt", ["False", "True"])
@@ -38,3 +40,7 @@ def test_adam_and_sgd_are_not_adamw_in_disguise(result):
 
 def test_sgd_with_the_distributed_optimizer_is_refused_before_megatron_asserts(result):
     assert "name='sgd' needs use_distributed_optimizer=False" in result["sgd_dist_opt_error"]
+
+
+def test_sgd_momentum_survives_a_checkpoint(result):
+    assert result["sgd_resume_max_diff"] == 0.0
