@@ -9,6 +9,7 @@ from typing import Literal
 # workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
 Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
+OptimizerName = Literal["adamw", "adam", "sgd"]
 AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo"]
 AdvEstimator = Literal[
     "gae",

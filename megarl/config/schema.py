@@ -25,6 +25,7 @@ from megarl.config.options import (
     LossAggMode,
     LrDecayStyle,
     OldLogProb,
+    OptimizerName,
     PfPpoReweight,
     PolicyLoss,
     RewardBackend,
@@ -63,11 +64,16 @@ class ParallelConfig:
 
 @dataclass
 class OptimizerConfig:
+    # megatron's optimizer: "adamw" = Adam with decoupled weight decay | "adam" = Adam with L2 weight decay
+    # (added to the gradient) | "sgd" (with `momentum`). verl's `optim` has no such key: it is always AdamW
+    name: OptimizerName = "adamw"
     lr: float = 1e-6  # peak learning rate
     min_lr: float = 0.0  # floor of the decayed learning rate; ≤ lr
-    weight_decay: float = 0.01  # decoupled (AdamW) weight decay
+    # decoupled for "adamw", L2 for "adam" and "sgd"; never on biases and norm weights (megatron's grouping)
+    weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam (beta1, beta2), each in [0, 1)
     eps: float = 1e-8  # Adam epsilon
+    momentum: float = 0.0  # SGD momentum in [0, 1) (megatron's sgd_momentum); 0 = plain SGD
     clip_grad: float = 1.0  # max global gradient norm; 0 = no clipping
     lr_warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to lr
     lr_decay_style: LrDecayStyle = "constant"  # after warm-up: "constant" | "cosine" | "linear" to min_lr

@@ -175,6 +175,17 @@ def _check_batching(
 
 
 def _check_optimizer(cfg: MegarlConfig, key: str, o: OptimizerConfig, problems: list[str]) -> None:
+    check_optimizer(key, o, problems)
+    total = cfg.trainer.total_steps
+    if total is not None and total >= 1 and o.lr_warmup_steps >= total:
+        problems.append(
+            f"{key}.lr_warmup_steps={o.lr_warmup_steps} is not below trainer.total_steps={total}, so the peak lr is "
+            f"never reached; use fewer warm-up steps (e.g. {max(0, total // 10)})"
+        )
+
+
+def check_optimizer(key: str, o: OptimizerConfig, problems: list[str]) -> None:
+    """The rules of one OptimizerConfig on its own (its `name` is checked with the other choices)."""
     if o.lr <= 0:
         problems.append(f"{key}.lr={o.lr} must be > 0; e.g. {key}.lr=1e-6")
     elif not 0 <= o.min_lr <= o.lr:
@@ -186,11 +197,19 @@ def _check_optimizer(cfg: MegarlConfig, key: str, o: OptimizerConfig, problems: 
         problems.append(f"{key}.eps={o.eps} must be > 0; e.g. 1e-8")
     at_least(problems, f"{key}.clip_grad", o.clip_grad, 0, "e.g. 1.0, or 0 for no clipping")
     at_least(problems, f"{key}.lr_warmup_steps", o.lr_warmup_steps, 0, "e.g. 0")
-    total = cfg.trainer.total_steps
-    if total is not None and total >= 1 and o.lr_warmup_steps >= total:
+    if o.name == "sgd":
+        in_range(
+            problems, f"{key}.momentum", o.momentum, "[0, 1)", 0 <= o.momentum < 1, "e.g. 0.9, or 0 for none"
+        )
+        if o.use_distributed_optimizer:
+            problems.append(
+                f"{key}.name=sgd needs {key}.use_distributed_optimizer=false: megatron's distributed optimizer "
+                "shards Adam state only"
+            )
+    elif o.momentum != 0:
         problems.append(
-            f"{key}.lr_warmup_steps={o.lr_warmup_steps} is not below trainer.total_steps={total}, so the peak lr is "
-            f"never reached; use fewer warm-up steps (e.g. {max(0, total // 10)})"
+            f"{key}.momentum={o.momentum} is SGD's and {key}.name={o.name} has none; set {key}.name=sgd or "
+            f"{key}.momentum=0 (Adam's momentum is {key}.betas[0])"
         )
 
 

@@ -1,7 +1,8 @@
 """Megatron-core's optimizer and LR scheduler for DDP-wrapped chunks, as one small object.
 
-`build_optimizer` turns megarl's OptimizerConfig into megatron's: AdamW with decoupled weight decay
-(none on biases and norm weights, megatron's default grouping), global-norm gradient clipping, fp32
+`build_optimizer` turns megarl's OptimizerConfig into megatron's: AdamW (decoupled weight decay), Adam
+(L2 weight decay) or SGD (momentum, L2 weight decay) as `OptimizerConfig.name` says (MEGATRON_OPTIMIZERS);
+no weight decay on biases and norm weights (megatron's default grouping), global-norm gradient clipping, fp32
 main parameters inside the optimizer when the model runs in bf16/fp16 (dynamic loss scaling for fp16),
 and optionally the distributed optimizer (optimizer state and main parameters sharded over
 data-parallel ranks). Megatron's OptimizerParamScheduler sets the learning rate: linear warm-up from 0
@@ -9,8 +10,8 @@ over `lr_warmup_steps` updates, then constant, cosine or linear decay to `min_lr
 Megatron's convention holds: update k (counting from 0) uses lr·k/warmup during warm-up, so the first
 update of a warmed-up run has lr 0.
 
-Without Transformer Engine or apex (CPU), megatron falls back to torch.optim.AdamW and warns; megarl
-then switches that AdamW to torch's fused kernel (`fused=True`: one kernel per parameter instead of a
+Without Transformer Engine or apex (CPU), megatron falls back to torch.optim.AdamW / Adam / SGD and warns;
+megarl then switches a torch Adam(W) to torch's fused kernel (`fused=True`: one kernel per parameter instead of a
 dozen element-wise passes; the same update up to float rounding), 3–4× faster on CPU.
 """
 
@@ -23,6 +24,13 @@ import torch
 
 from megarl.config.schema import OptimizerConfig
 from megarl.distributed.platform import platform
+
+# megarl's OptimizerConfig.name -> the fields of megatron's OptimizerConfig that select it
+MEGATRON_OPTIMIZERS: dict[str, dict[str, str | bool]] = {
+    "adamw": {"optimizer": "adam", "decoupled_weight_decay": True},
+    "adam": {"optimizer": "adam", "decoupled_weight_decay": False},
+    "sgd": {"optimizer": "sgd"},
+}
 
 
 class TrainOptimizer:
@@ -126,7 +134,7 @@ def lr_decay_steps(cfg: OptimizerConfig, total_steps: int) -> int:
 def build_optimizer(
     chunks: list[torch.nn.Module], cfg: OptimizerConfig, total_steps: int, log_num_zeros: bool = False
 ) -> TrainOptimizer:
-    """Megatron's Adam(W) and LR scheduler for `chunks` (from `wrap_ddp`, built with the same
+    """Megatron's AdamW, Adam or SGD and LR scheduler for `chunks` (from `wrap_ddp`, built with the same
     use_distributed_optimizer as `cfg`); precision follows the chunks' TransformerConfig."""
     ddp_config = getattr(chunks[0], "ddp_config", None)
     if ddp_config is None:
@@ -137,6 +145,11 @@ def build_optimizer(
             f"wrapped with use_distributed_optimizer={ddp_config.use_distributed_optimizer}; pass the same "
             "value to wrap_ddp"
         )
+    if cfg.name == "sgd" and cfg.use_distributed_optimizer:
+        # megatron's DistributedOptimizer asserts Adam: its sharded state and checkpoints are Adam's moments
+        raise ValueError(
+            "optimizer name='sgd' needs use_distributed_optimizer=False (megatron shards Adam only)"
+        )
     decay_steps = lr_decay_steps(cfg, total_steps)
 
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
@@ -146,13 +159,14 @@ def build_optimizer(
     model_config = chunks[0].config
     beta1, beta2 = cfg.betas
     megatron_cfg = MegatronOptimizerConfig(
-        optimizer="adam",
+        **MEGATRON_OPTIMIZERS[cfg.name],
         lr=cfg.lr,
         min_lr=cfg.min_lr,
         weight_decay=cfg.weight_decay,
         adam_beta1=beta1,
         adam_beta2=beta2,
         adam_eps=cfg.eps,
+        sgd_momentum=cfg.momentum,
         clip_grad=cfg.clip_grad,
         bf16=model_config.bf16,
         fp16=model_config.fp16,
@@ -165,6 +179,7 @@ def build_optimizer(
         megatron_cfg, chunks, use_gloo_process_groups=platform().gloo_twin_groups
     )
     _use_fused_torch_adam(optimizer)
+    _allow_loading_sgd_state(optimizer)
     # The schedules multiply each loss by the current loss scale (1 unless fp16).
     model_config.grad_scale_func = optimizer.scale_loss
     scheduler = OptimizerParamScheduler(
@@ -184,7 +199,7 @@ def build_optimizer(
 
 
 def _use_fused_torch_adam(optimizer) -> None:
-    """Where megatron fell back to torch's AdamW, run it fused (torch reads `fused` per group at each step).
+    """Where megatron fell back to torch's AdamW or Adam, run it fused (torch reads `fused` per group at each step).
     Skipped when a group holds a tensor its fused kernel does not take (another device or dtype)."""
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", None)
@@ -194,3 +209,11 @@ def _use_fused_torch_adam(optimizer) -> None:
             params = group["params"]
             if params and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params):
                 group["foreach"], group["fused"] = False, True
+
+
+def _allow_loading_sgd_state(optimizer) -> None:
+    """Megatron gives SGD no `init_state_fn` (None), which its sharded_state_dict(is_loading=True) calls;
+    torch's SGD makes its momentum buffers at its first step, as megarl.checkpoint does before a load."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(part, "init_state_fn") and part.init_state_fn is None:
+            part.init_state_fn = lambda opt, config=None: None

@@ -108,6 +108,23 @@ INVALID = [
     (["actor.optimizer.lr=0"], ["actor.optimizer.lr=0.0 must be > 0", "e.g. actor.optimizer.lr=1e-6"]),
     (["actor.optimizer.min_lr=1"], ["actor.optimizer.min_lr=1.0 must be in [0, actor.optimizer.lr=1e-05]"]),
     (["actor.optimizer.lr_warmup_steps=10"], ["lr_warmup_steps=10 is not below trainer.total_steps=10"]),
+    (["actor.optimizer.name=rmsprop"], ["actor.optimizer.name=rmsprop", "one of adamw, adam, sgd"]),
+    (
+        ["actor.optimizer.name=sgd"],
+        ["actor.optimizer.name=sgd needs actor.optimizer.use_distributed_optimizer=false"],
+    ),
+    (
+        [
+            "actor.optimizer.name=sgd",
+            "actor.optimizer.use_distributed_optimizer=false",
+            "actor.optimizer.momentum=1",
+        ],
+        ["actor.optimizer.momentum=1.0 must be in [0, 1)"],
+    ),
+    (
+        ["actor.optimizer.momentum=0.9"],
+        ["actor.optimizer.momentum=0.9 is SGD's", "set actor.optimizer.name=sgd"],
+    ),
     (
         ["data.train_batch_size=7"],
         ["data.train_batch_size=7 is not a multiple of the actor's data-parallel size 2"],

@@ -16,6 +16,7 @@ from megarl.algorithms.policy_loss import POLICY_LOSSES
 from megarl.algorithms.rollout_correction import IS_LEVELS, RS_LEVELS
 from megarl.config import schema
 from megarl.models import dtypes
+from megarl.models.optimizer import MEGATRON_OPTIMIZERS
 from megarl.workers import reward_hf
 
 pytestmark = pytest.mark.unit
@@ -32,6 +33,7 @@ VOCABULARIES = {
     "PfPpoReweight": REWEIGHT_METHODS,
     "Dtype": dtypes.DTYPE_NAMES,
     "RewardKind": reward_hf.KINDS,
+    "OptimizerName": MEGATRON_OPTIMIZERS,
 }
 
 
