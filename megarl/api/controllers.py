@@ -255,7 +255,9 @@ class RewardController(Controller):
     def section(self) -> dict[str, Any]:
         return {"backend": self.backend, **super().section()}
 
-    def fit(self, pairs: Any, config: Any = None, val_pairs: Any = None, **keys: Any) -> list[dict[str, float]]:
+    def fit(
+        self, pairs: Any, config: Any = None, val_pairs: Any = None, **keys: Any
+    ) -> list[dict[str, float]]:
         """Train this controller's model with the Bradley–Terry loss on preference `pairs` (held-out
         `val_pairs` give val/rm/accuracy), as `megarl rm` does (`config`: its config, a dict or a YAML
         path; `keys`: dotted keys on top), then score with the exported sequence classifier. Returns the

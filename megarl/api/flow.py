@@ -38,7 +38,7 @@ class Dataflow(StageGraph):
 
         return GRPOTrainer(actor=actor, reference=reference, reward=reward, **kwargs).flow
 
-    def run(  # type: ignore[override]
+    def run(
         self,
         batch: Batch | None = None,
         ctx: StepContext | None = None,

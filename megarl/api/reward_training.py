@@ -37,9 +37,15 @@ def fit_reward_model(
             "a language model (a fresh scalar head) or a sequence classifier to continue"
         )
     if rc.started:
-        raise ControllerError(f"reward controller {rc.name!r} is scoring for a trainer; close() it before fit()")
+        raise ControllerError(
+            f"reward controller {rc.name!r} is scoring for a trainer; close() it before fit()"
+        )
     files = [str(Path(p).resolve()) for p in (pairs if isinstance(pairs, list) else [pairs])]
-    val = [] if val_pairs is None else [str(Path(p).resolve()) for p in (val_pairs if isinstance(val_pairs, list) else [val_pairs])]
+    val = (
+        []
+        if val_pairs is None
+        else [str(Path(p).resolve()) for p in (val_pairs if isinstance(val_pairs, list) else [val_pairs])]
+    )
     settings = {
         "algorithm": {"name": "rm"},
         "data": {"train_files": files, "val_files": val},

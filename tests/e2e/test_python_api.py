@@ -61,11 +61,13 @@ def readme_block(marker: str) -> str:
 
 def small_readme(code: str, steps: int) -> str:
     """The README's code with fewer steps and the small step's settings (the only substitutions)."""
-    code = code.replace('"trainer.total_steps": 10', f'"trainer.total_steps": {steps}, **SMALL')
-    code = code.replace(
+    small = code.replace('"trainer.total_steps": 10', f'"trainer.total_steps": {steps}, **SMALL')
+    small = small.replace(
         'task_config(task, "outputs/api_flow")', 'task_config(task, "outputs/api_flow", **SMALL)'
     )
-    return code.replace("flow.run(steps=4)", f"flow.run(steps={steps})")
+    small = small.replace("flow.run(steps=4)", f"flow.run(steps={steps})")
+    assert small.count("SMALL") == 1, "the README's example changed: update the substitutions here"
+    return small
 
 
 def test_the_readmes_ppo_example_is_examples_ppo_simple_and_runs_from_its_text(workdir):
