@@ -16,15 +16,16 @@ reference's alike, as the PPO update's are.
 
 Metrics, under `preference/`: `loss` (the preference loss itself), `weighted_loss` (weight × loss: what
 was backpropagated), `rewards/{chosen,rejected,margin,accuracy}`, `logps/{chosen,rejected}` (orpo:
-`orpo/*`), `grad_norm`, `lr`, `bad_updates` (a non-finite preference update makes the step a bad step).
+`orpo/*`), `grad_norm`, `lr`, `bad_updates` (a non-finite preference update makes the step a bad step),
+`epoch` (of the pairs).
 The loader's position is saved with each checkpoint (`RLTrainer.trainer_state()["stages"]`) and
 restored on resume, once the stage is added again before the first step.
 
-The preference step is an optimizer step of its own, after the PPO one: both move the same Adam
-moments and LR schedule (a warm-up or decay over trainer.total_steps runs twice as fast), and Adam
-normalises each step's gradient, so `weight` sets the preference gradient's size relative to the PPO
-gradients in those moments, not a fixed share of the parameter change; actor.optimizer.clip_grad
-applies to the weighted gradient.
+The preference update is an optimizer step of its own, after the PPO one(s): both move the same Adam
+moments, and Adam normalises each step's gradient, so `weight` sets the preference gradient's size
+relative to the PPO gradients in those moments, not a fixed share of the parameter change;
+actor.optimizer.clip_grad applies to the weighted gradient. It is also one more step of the actor's LR
+schedule, which is sized by trainer.total_steps: a warm-up or decay ends sooner.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ and add_preference_update's wiring and refusals."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,7 @@ from megarl.trainer.preference_stage import (
     preference_metrics,
     preference_update_stage,
 )
+from megarl.trainer.rl_trainer import RLTrainer
 from tests.helpers.data import write_parquet
 
 pytestmark = pytest.mark.unit
@@ -106,6 +108,51 @@ def test_the_position_in_the_pairs_survives_a_restore_through_the_graph():
     first.run(Batch({}), StepContext(step=3))
     batches = [f["preference_update"].fn.actor.calls[-1][0] for f in (first, resumed)]
     assert torch.equal(batches[0]["responses"], batches[1]["responses"])
+
+
+def _trainer(flow: Dataflow) -> RLTrainer:
+    """An RLTrainer with only what trainer_state, _resume and _begin touch (no workers, no data)."""
+    trainer = RLTrainer.__new__(RLTrainer)
+    trainer.cfg, trainer.flow, trainer.val_data = MegarlConfig(), flow, None
+    trainer.loader = trainer.kl_ctrl = trainer.bad_steps = SimpleNamespace(
+        state_dict=lambda: {}, load_state_dict=lambda state: None
+    )
+    trainer._next_uid, trainer.best_val_reward, trainer._began = 0, None, False
+    trainer.start_step, trainer.resume_from = 2, "checkpoints/step_2"
+    trainer.session = SimpleNamespace(total_steps=3, began_training=False)
+    trainer.log = SimpleNamespace(message=lambda text: None, warnings=[])
+    trainer.log.warn = trainer.log.warnings.append
+    return trainer
+
+
+def test_rl_trainer_checkpoints_the_position_and_restores_it_before_the_first_step():
+    def flow():
+        loader = PairLoader(_pairs(), batch_size=2, seed=0, pad_token_id=0)
+        stage = preference_update_stage(FakeActor(), FakeRef(), loader, PreferenceSettings("dpo", 0.1), 1)
+        return Dataflow([Stage("update_actor", lambda ctx, batch: None), stage])
+
+    ran = flow()
+    for step in (1, 2):
+        ran.run(Batch({}), StepContext(step=step))
+    saved = json.loads(json.dumps(_trainer(ran).trainer_state()))  # as trainer_state.json holds it
+
+    resumed = _trainer(flow())
+    resumed._resume(saved)
+    assert resumed.flow["preference_update"].fn.pairs.state_dict()["position"] == 0  # not yet: the user
+    resumed._begin()  # adds the stage after __init__, so the first step restores it
+    assert (
+        resumed.flow["preference_update"].fn.pairs.state_dict()
+        == ran["preference_update"].fn.pairs.state_dict()
+    )
+    assert resumed.log.warnings == []
+
+    without = _trainer(Dataflow([Stage("update_actor", lambda ctx, batch: None)]))
+    without._resume(saved)
+    without._begin()
+    assert without.log.warnings == [
+        "megarl: resuming from checkpoints/step_2: the checkpoint has state for stage 'preference_update', "
+        "which this graph lacks"
+    ]
 
 
 def test_bad_settings_are_refused():
