@@ -20,7 +20,9 @@ that rewrites a column for the stages after it only, on purpose, says so with `r
 
 A stage's function gets the step context and the batch and returns the columns it wrote (a Batch or a
 dict), which are merged into the batch; a stage built with `new_rows=True` returns the whole new batch
-instead (it may drop rows: DAPO's dynamic sampling, a length filter).
+instead (it may drop rows: DAPO's dynamic sampling, a length filter). A function that keeps state from
+step to step (a data position) has `state_dict()`/`load_state_dict()` (`StatefulFn`): the trainer saves
+`flow.state_dict()` with each checkpoint and gives it back on resume.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -52,6 +54,14 @@ class StepContext:
 
 
 StageFn = Callable[[StepContext, Batch], Batch | dict[str, Any] | None]
+
+
+@runtime_checkable
+class StatefulFn(Protocol):
+    """A stage function with state that must survive a checkpoint and resume (JSON-serialisable)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,36 @@ class Dataflow:
             ctx.metrics[f"timing/{stage.name}"] = time.perf_counter() - start
         self.current = None
         return batch
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """{stage name: its function's state} of the stages whose function keeps state (`StatefulFn`)."""
+        return {name: fn.state_dict() for name, fn in self._stateful().items()}
+
+    def load_state_dict(self, states: dict[str, dict[str, Any]]) -> list[str]:
+        """Give each stateful stage its state from `states` (a `state_dict()`); returns what did not
+        match, one line each: saved state of a stage this graph lacks (not restored), and stateful
+        stages without saved state (they start afresh). A state that does not fit its stage raises
+        DataflowError naming the stage."""
+        stateful = self._stateful()
+        for name, fn in stateful.items():
+            if name in states:
+                try:
+                    fn.load_state_dict(states[name])
+                except ValueError as e:  # state another run saved (other data, another seed)
+                    raise DataflowError(f"stage {name!r}: {e}") from None
+        unused = [n for n in states if n not in stateful]
+        fresh = [n for n in stateful if n not in states]
+        return [f"the checkpoint has state for stage {n!r}, which this graph lacks" for n in unused] + [
+            f"stage {n!r} has no saved state and starts afresh" for n in fresh
+        ]
+
+    def _stateful(self) -> dict[str, StatefulFn]:
+        out: dict[str, StatefulFn] = {}
+        for stage in self._stages:
+            fn: object = stage.fn
+            if isinstance(fn, StatefulFn):
+                out[stage.name] = fn
+        return out
 
     def describe(self) -> str:
         """One line per stage: name, reads -> writes."""

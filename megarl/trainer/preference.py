@@ -124,6 +124,7 @@ class PreferenceTrainer(OfflineTrainer):
             batch["ref_logps"] = self._reference(batch, indices, "train")
         metrics = role_metrics("actor", self.roles.actor.preference_update(batch, self.settings, counts))
         metrics["pref/loss"] = metrics.pop("actor/loss")
+        del metrics["actor/unweighted_loss"]  # the same at weight 1
         metrics["batch/sequences"] = float(batch["input_ids"].shape[0])
         return {**metrics, **extra}, int(batch["attention_mask"].sum())
 

@@ -44,6 +44,7 @@ from megarl.trainer.scoring import scoring_stages
 
 class RLTrainer(SessionTrainer):
     flow_class: type[Dataflow] = Dataflow  # the step graph's class (the Python API's adds run(steps=...))
+    _stage_states: dict[str, Any] | None = None  # a resumed run's, for stages added before the first step
 
     def __init__(
         self,
@@ -140,6 +141,13 @@ class RLTrainer(SessionTrainer):
         if self._began:
             return
         self._began = self.session.began_training = True
+        if self._stage_states is not None:  # now, so that stages added after __init__ get theirs too
+            try:
+                problems = self.flow.load_state_dict(self._stage_states)
+            except ValueError as e:
+                raise ResumeError(f"{self.resume_from}: {e}") from None
+            for problem in problems:
+                self.log.warn(f"megarl: resuming from {self.resume_from}: {problem}")
         self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
         if self.start_step == 0 and self.val_data is not None and self.cfg.trainer.val_before_train:
             metrics = self.validate(step=0)
@@ -272,6 +280,7 @@ class RLTrainer(SessionTrainer):
             "best_val_reward": self.best_val_reward,
             "bad_steps": self.bad_steps.state_dict(),
             "driver_rng": capture_rng(),
+            "stages": self.flow.state_dict(),  # stages that keep state (a data position of their own)
         }
 
     def _resume(self, state: dict[str, Any]) -> None:
@@ -280,6 +289,7 @@ class RLTrainer(SessionTrainer):
         self._next_uid = state["next_uid"]
         self.best_val_reward = state["best_val_reward"]
         self.bad_steps.load_state_dict(state["bad_steps"])
+        self._stage_states = state.get("stages", {})  # restored at the first step (_begin)
         if self.cfg.trainer.launcher != "torchrun":  # under torchrun the workers restored this process's
             restore_rng(state["driver_rng"])
         self.log.message(f"megarl: resumed from {self.resume_from} (step {self.start_step} done)")

@@ -6,9 +6,9 @@
     generate(prompts)    -> rollout Batch (responses, rollout_log_probs, …), GEN_DP_COMPUTE: the
                             3D-HybridEngine syncs the weights into the colocated vLLM engine first
     sft_update(batch)    -> metrics dict: one optimizer step on the response tokens' NLL (SFT)
-    preference_update(batch, settings, counts)
-                         -> metrics dict: one optimizer step on a preference loss (DPO, IPO, KTO, ORPO,
-                            SimPO; megarl.workers.preference_loss)
+    preference_update(batch, settings, counts, weight=1.0)
+                         -> metrics dict: one optimizer step on weight × a preference loss (DPO, IPO,
+                            KTO, ORPO, SimPO; megarl.workers.preference_loss)
     export_hf(out_dir)   -> the Hugging Face checkpoint written from the live weights (any layout)
 
 Built from `role_spec(cfg, "actor")`: its layout, batching, offload, optimizer, loss settings
@@ -201,16 +201,18 @@ class ActorWorker(MegatronWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def preference_update(
-        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts
+        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts, weight: float = 1.0
     ) -> dict[str, float]:
-        """One optimizer step on the preference loss of `batch`: pairs as interleaved rows (chosen,
-        rejected, …) for the paired losses, examples with a `desirable` column for KTO; `ref_logps`
-        (sequence sums) when the loss uses the reference. `counts` are the whole batch's."""
+        """One optimizer step on `weight` × the preference loss of `batch`: pairs as interleaved rows
+        (chosen, rejected, …) for the paired losses, examples with a `desirable` column for KTO;
+        `ref_logps` (sequence sums, at the reference's temperature, which is this role's) when the loss
+        uses the reference. `counts` are the whole batch's. Metrics: `loss` (weighted, what was
+        backpropagated), `unweighted_loss`, the loss's terms, grad_norm, lr."""
         from megarl.workers.preference_loss import preference_loss_fn
 
         seqs = sequences_from_batch(batch)
         fields = {k: batch[k] for k in batch.tensors.keys() if k in ("ref_logps", "desirable")}
-        loss_fn = preference_loss_fn(settings, counts, self.arch.vocab_size)
+        loss_fn = preference_loss_fn(settings, counts, self.arch.vocab_size, weight, self.spec.temperature)
         group = 2 if settings.paired else 1
         return train_minibatches(self, seqs, fields, loss_fn, len(seqs), epochs=1, group=group)
 

@@ -84,10 +84,10 @@ class ActorGroup(MegatronGroup, Protocol):
 
     @register(Dispatch.DP_COMPUTE)
     def preference_update(
-        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts
+        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts, weight: float = 1.0
     ) -> list[dict[str, float]]: ...
     def preference_update_async(
-        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts
+        self, batch: Batch, settings: PreferenceSettings, counts: BatchCounts, weight: float = 1.0
     ) -> GroupFuture[list[dict[str, float]]]: ...
 
     @register(Dispatch.ONE_TO_ALL)

@@ -162,3 +162,44 @@ def test_awaiting_columns_are_left_to_stages_still_to_come():
         DataflowError, match=r"'reward' reads column 'bonus'.*stage 'bonus' writes it but runs later"
     ):
         flow.check()
+
+
+class _Counter:
+    """A stage function that keeps state: how many steps it ran."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, ctx, batch):
+        self.calls += 1
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        if state["calls"] < 0:
+            raise ValueError("a negative count")
+        self.calls = state["calls"]
+
+
+def test_stages_with_state_give_it_to_the_graph_and_get_it_back():
+    counter = _Counter()
+    flow = Dataflow([_stage("a", ["prompts"], ["x"]), Stage("count", counter)], inputs=["prompts"])
+    flow.run(_prompts(), StepContext(step=1))
+    flow.run(_prompts(), StepContext(step=2))
+    assert flow.state_dict() == {"count": {"calls": 2}}  # stateless stages have none
+
+    again = Dataflow([Stage("count", _Counter())])
+    assert again.load_state_dict({"count": {"calls": 2}}) == []
+    assert again["count"].fn.calls == 2
+
+
+def test_restoring_state_names_what_does_not_match():
+    flow = Dataflow([Stage("count", _Counter())])
+    problems = flow.load_state_dict({"gone": {"calls": 1}})
+    assert problems == [
+        "the checkpoint has state for stage 'gone', which this graph lacks",
+        "stage 'count' has no saved state and starts afresh",
+    ]
+    with pytest.raises(DataflowError, match="stage 'count': a negative count"):
+        flow.load_state_dict({"count": {"calls": -1}})
