@@ -5,6 +5,7 @@
     metrics = trainer.step()                      # one step: its metrics
     trainer.set_reward_controller(harder)         # a curriculum: the next steps score with `harder`
     trainer.set_multi_reward_controllers([(exact, 1.0), (short, 0.2)])   # weighted; call again to re-weight
+    trainer.add_preference_update("pairs.parquet", loss="dpo", weight=0.5)  # DPO+PPO: both updates a step
     history = trainer.fit()                       # to trainer.total_steps, with progress
     trainer.close()                               # the controllers' workers keep running: controller.close()
 
@@ -125,6 +126,18 @@ class ControllerTrainer(RLTrainer):
                 flow.insert_before("reward", stages[rc.name])
         self.rewards = rewards
         flow.check()
+
+    # ---- other updates in the same step ---------------------------------------------------------------
+
+    def add_preference_update(
+        self, pairs: Any, loss: str = "dpo", weight: float = 0.5, **settings: Any
+    ) -> Any:
+        """End every step with a preference update (DPO/IPO/ORPO/SimPO, `weight` × its loss) on pairs
+        from `pairs`, after the PPO update: DPO+PPO in one flow. `settings`: beta, batch_size,
+        label_smoothing, simpo_gamma (megarl.trainer.preference_stage.add_preference_update)."""
+        from megarl.trainer.preference_stage import add_preference_update
+
+        return add_preference_update(self, pairs, loss=loss, weight=weight, **settings)
 
     # ---- flow.run -----------------------------------------------------------------------------------
 
