@@ -96,10 +96,24 @@ class Controller:
         return f"{type(self).__name__}(model={_describe(self.model)}, {state})"
 
 
+BACKENDS = ("megatron",)  # the HF/FSDP backend of the trained roles is not built yet
+
+
 class _TrainedController(Controller):
     def __init__(
-        self, model: ModelSource | None = None, *, optimizer: Any = None, devices: Any = None, **settings: Any
+        self,
+        model: ModelSource | None = None,
+        *,
+        optimizer: Any = None,
+        devices: Any = None,
+        backend: str = "megatron",
+        **settings: Any,
     ) -> None:
+        if backend not in BACKENDS:
+            raise ControllerError(
+                f"{type(self).__name__}(backend={backend!r}): the trained roles run on megatron-core "
+                "(backend='megatron'); the HF/FSDP backend is not built yet"
+            )
         super().__init__(model, devices=devices, **settings)
         self.optimizer: OptimizerConfig | None = None if optimizer is None else optimizer_config(optimizer)
 
@@ -127,11 +141,12 @@ class ActorController(_TrainedController):
         tokenizer: Any = None,
         optimizer: Any = None,
         devices: Any = None,
+        backend: str = "megatron",
         **settings: Any,
     ) -> None:
         if model is None:
             raise ControllerError("ActorController needs model=: a checkpoint directory or a PreTrainedModel")
-        super().__init__(model, optimizer=optimizer, devices=devices, **settings)
+        super().__init__(model, optimizer=optimizer, devices=devices, backend=backend, **settings)
         self.tokenizer = tokenizer
 
     def model_path(self, output_dir: Path) -> str | None:

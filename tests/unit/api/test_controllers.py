@@ -142,3 +142,9 @@ def test_flow_run_needs_steps_or_a_batch_and_a_trainer():
         flow.run()
     with pytest.raises(DataflowError, match="belongs to no trainer"):
         flow.run(steps=2)
+
+
+def test_the_trained_roles_run_on_megatron_until_the_hf_backend_exists():
+    with pytest.raises(ControllerError, match="HF/FSDP backend is not built yet"):
+        megarl.ActorController("m", backend="fsdp")
+    assert megarl.CriticController(backend="megatron").settings == {}
