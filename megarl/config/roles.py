@@ -4,7 +4,8 @@
     ActorWorker(spec)
 
 Workers receive a `RoleSpec`, never the whole `MegarlConfig`. Every rule that ties one role's settings
-to another's lives here: the reference shares the actor's layout, devices and offload directory; the
+to another's lives here: the reference shares the actor's offload directory and (unless `ref.devices`
+and `ref.parallel` give it its own; `MegarlConfig.parallel_of`/`world_size`) its layout and devices; the
 critic starts from the policy checkpoint unless it names its own; activation recomputation applies only
 to trained roles; a mini-batch is `ppo_mini_batch_size × rollout.n` sequences.
 """
@@ -98,7 +99,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
     if role not in ROLE_NAMES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLE_NAMES)}")
     actor = cfg.actor
-    if role == "ref":  # lives in the actor's processes: the actor's layout, devices and offload dir
+    if role == "ref":  # the actor's offload dir; its layout and devices: the schema's parallel_of/world_size
         section = cfg.ref
         offload = OffloadSpec(params=cfg.ref.offload_params, dir=actor.offload_dir)
     else:
