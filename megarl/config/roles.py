@@ -75,6 +75,7 @@ class RoleSpec:
     epochs: int = 1  # passes over each batch (algorithm.ppo_epochs)
     algorithm: AlgorithmConfig | None = None  # the loss settings of a trained role
     rollout: RolloutSpec | None = None  # the actor's generation engine
+    seed: int = 42  # trainer.seed: weights the role builds fresh (a critic's value head) are drawn from it
 
     @property
     def trainable(self) -> bool:
@@ -120,6 +121,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
         offload=offload,
         temperature=_sampling_temperature(cfg) if role in ("actor", "ref") else 1.0,
+        seed=cfg.trainer.seed,
     )
     if not trained:
         return spec
