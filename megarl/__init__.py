@@ -40,6 +40,7 @@ _EXPORTS = {
     "PPOTrainer": "megarl.api.trainers",
     "GRPOTrainer": "megarl.api.trainers",
     "Roles": "megarl.api.trainers",
+    "DeviceMap": "megarl.controller.device_map",
 }
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "Roles",
     "Batch",
     "ConfigError",
+    "DeviceMap",
     "Dispatch",
     "MegarlConfig",
     "MegarlError",
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from megarl.config.errors import ConfigError
     from megarl.config.load import load_config
     from megarl.config.schema import MegarlConfig
+    from megarl.controller.device_map import DeviceMap
     from megarl.controller.dispatch import Dispatch, register
     from megarl.controller.worker import Worker, WorkerError
     from megarl.distributed.layout import ParallelLayout

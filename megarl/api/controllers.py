@@ -69,7 +69,7 @@ class Controller:
         """This controller's keys of its config section (besides the model)."""
         tree = dict(self.settings)
         if self.devices is not None:
-            tree.update(_device_keys(self.devices))
+            tree.update(_device_keys(self.devices, self.role))
         return tree
 
     def port(self, stage: str, columns: tuple[str, ...], kind: str, label: str) -> Port:
@@ -324,12 +324,21 @@ def materialize(model: ModelSource | None, where: Path) -> str | None:
     return str(where)
 
 
-def _device_keys(devices: Any) -> dict[str, Any]:
-    """The config keys a device map sets for a role (its devices and parallel layout)."""
-    keys = getattr(devices, "config_keys", None)
-    if keys is None:
-        raise ControllerError(f"devices={devices!r}: pass a megarl.DeviceMap")
-    return keys()
+def _device_keys(devices: Any, role: str) -> dict[str, Any]:
+    """The config keys a device map sets for a role: `<role>.devices` and `<role>.parallel` (what
+    `DeviceMap.apply` writes; the YAML path sets the same keys)."""
+    from dataclasses import asdict
+
+    from megarl.controller.device_map import DeviceMap
+
+    if not isinstance(devices, DeviceMap):
+        raise ControllerError(
+            f"devices={devices!r}: pass a megarl.DeviceMap, e.g. DeviceMap('megatron', ['cuda:0', 'cuda:1'], tp=2)"
+        )
+    keys: dict[str, Any] = {"devices": list(devices.devices), "parallel": asdict(devices.parallel)}
+    if role != "ref":  # the reference has no n_devices: it follows its devices or the actor's
+        keys["n_devices"] = None
+    return keys
 
 
 def _describe(model: Any) -> str:

@@ -53,11 +53,12 @@ def sum_computer(cfg: MegarlConfig, tokenizer: Any, rewards: Weighted) -> Reward
 
 
 def score_stage(
-    rc: RewardController, cfg: MegarlConfig, tokenizer: Any, data_sources: Sequence[str]
+    rc: RewardController, cfg: MegarlConfig, tokenizer: Any, data_sources: Sequence[str], pools: tuple = ()
 ) -> Stage:
-    """The stage writing `rc`'s score as the column `rc.name`; a model controller's group starts here."""
+    """The stage writing `rc`'s score as the column `rc.name`; a model controller's group starts here
+    (on the run's pool of its devices among `pools`, else on its own)."""
     if rc.is_model:
-        group = start_model(rc, cfg)
+        group = start_model(rc, cfg, pools)
 
         def score_model(ctx: StepContext, batch: Batch) -> dict:
             out = group.compute_rm_score(batch.select(SEQUENCE_COLUMNS))
@@ -92,7 +93,7 @@ def score_stage(
     return rc.scorer
 
 
-def start_model(rc: RewardController, cfg: MegarlConfig) -> Any:
+def start_model(rc: RewardController, cfg: MegarlConfig, pools: tuple = ()) -> Any:
     """`rc`'s reward-model group (started now unless running): the run's config with its reward keys."""
     if rc.group is None:
         from megarl.trainer.roles import start_reward_model
@@ -100,7 +101,7 @@ def start_model(rc: RewardController, cfg: MegarlConfig) -> Any:
         output_dir = cfg.trainer.output_dir
         keys = {"enable": True, "model_path": rc.model_path(_path(output_dir)), **rc.section()}
         rc_cfg = config_from(cfg, [{"reward": keys}])
-        group, pool = start_reward_model(rc_cfg)
+        group, pool = start_reward_model(rc_cfg, pools, rc.name)
         rc.adopt(group, _Stopper(group, pool))
     return rc.group
 
@@ -113,7 +114,8 @@ class _Stopper:
         try:
             self.group.shutdown()
         finally:
-            self.pool.remove()
+            if self.pool is not None:  # None: the group ran on the run's pool
+                self.pool.remove()
 
 
 def _fixed_source(rule: Any, source: str) -> Any:

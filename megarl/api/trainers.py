@@ -116,7 +116,9 @@ class ControllerTrainer(RLTrainer):
         stages = {}
         for rc, _ in rewards:
             if rc.name not in keep:
-                stages[rc.name] = score_stage(rc, self.cfg, self.tokenizer, self.train_data.data_sources)
+                stages[rc.name] = score_stage(
+                    rc, self.cfg, self.tokenizer, self.train_data.data_sources, self.roles.pools
+                )
         for name in set(old) - keep:
             flow.remove(name)
         self.reward = sum_computer(self.cfg, self.tokenizer, rewards)

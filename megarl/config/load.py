@@ -158,17 +158,19 @@ def _leaves(tree: dict[Any, Any], cls: type, prefix: str, problems: list[str]) -
         if name not in hints:
             problems.append(_unknown_key(key, str(name), list(hints), prefix))
             continue
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
+        tp, section = hints[name], _section_type(hints[name])
+        if section is not None:
             if isinstance(value, dict):
-                leaves += _leaves(value, tp, f"{key}.", problems)
+                leaves += _leaves(value, section, f"{key}.", problems)
             elif value is not None:
-                subkeys = ", ".join(f.name for f in dataclasses.fields(tp))
+                subkeys = ", ".join(f.name for f in dataclasses.fields(section))
                 problems.append(
                     f"{key}={_show(value)}: {key} is a section, not a value; set its keys ({subkeys})"
                 )
+            elif section is not tp:  # an optional section (ref.parallel) set back to null
+                leaves.append((key, None))
             continue
-        if typing.get_origin(tp) is list and isinstance(value, str) and not value.startswith("${"):
+        if _is_list(tp) and isinstance(value, str) and not value.startswith("${"):
             value = [value]
         if typing.get_origin(tp) is dict and isinstance(value, dict):
             # One leaf per entry, so `reward.weights.rm=0.5` changes one weight and keeps the others.
@@ -178,8 +180,22 @@ def _leaves(tree: dict[Any, Any], cls: type, prefix: str, problems: list[str]) -
     return leaves
 
 
+def _section_type(tp: Any) -> Any:
+    """The dataclass of a section field, also of an optional one (`ParallelConfig | None`); else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner[0] if len(inner) == 1 and dataclasses.is_dataclass(inner[0]) else None
+
+
+def _is_list(tp: Any) -> bool:
+    """A list field, also an optional one (`list[str] | None`)."""
+    return typing.get_origin(tp) is list or any(typing.get_origin(a) is list for a in typing.get_args(tp))
+
+
 def _assign(merged: DictConfig, key: str, value: Any, problems: list[str]) -> None:
     try:
+        _open_sections(merged, key)
         OmegaConf.update(merged, key, value, merge=False)
     except OmegaConfBaseException:
         tp, default = _field_of(key)
@@ -187,6 +203,21 @@ def _assign(merged: DictConfig, key: str, value: Any, problems: list[str]) -> No
         problems.append(
             f"{key}={_show(value)} is invalid: expected {_type_name(tp)}; e.g. {key}={_show(example)}"
         )
+
+
+def _open_sections(merged: DictConfig, key: str) -> None:
+    """An optional section on the way to `key` that is still null gets its defaults, so that
+    `ref.parallel.tp=2` sets one size of a `ref.parallel` that was null."""
+    cls: Any = MegarlConfig
+    parts = key.split(".")
+    for i, name in enumerate(parts[:-1]):
+        tp = typing.get_type_hints(cls).get(name) if dataclasses.is_dataclass(cls) else None
+        cls = _section_type(tp)
+        if cls is None:
+            return
+        path = ".".join(parts[: i + 1])
+        if cls is not tp and OmegaConf.select(merged, path) is None:
+            OmegaConf.update(merged, path, cls(), merge=False)
 
 
 # keys megarl has renamed: old name -> what to write instead
@@ -213,7 +244,7 @@ def _unknown_key(key: str, name: str, siblings: list[str], prefix: str) -> str:
 
 def _all_keys(cls: type, prefix: str = "") -> list[str]:
     keys: list[str] = []
-    for name, tp in typing.get_type_hints(cls).items():
+    for name, tp in typing.get_type_hints(cls).items():  # an optional section (ref.parallel) is one key
         keys += _all_keys(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else [f"{prefix}{name}"]
     return keys
 
@@ -224,6 +255,7 @@ def _field_of(key: str) -> tuple[Any, Any]:
     *sections, leaf = key.split(".")
     for name in sections:
         cls = typing.get_type_hints(cls)[name]
+        cls = _section_type(cls) or cls
         if typing.get_origin(cls) is dict:  # an entry of a mapping field: its value type, no default
             return typing.get_args(cls)[1], None
     f = next(f for f in dataclasses.fields(cls) if f.name == leaf)

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from megarl.config.devices import show_devices
 from megarl.config.errors import at_least, divisors, join, need_divides
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout, ParallelSizes
@@ -87,37 +88,42 @@ def _read_dims(key: str, path: str | None, problems: list[str]) -> ModelDims | N
 def check_worker_group(
     cfg: MegarlConfig, role: str, dims: ModelDims | None, problems: list[str]
 ) -> ParallelLayout | None:
-    """Check one worker group's devices and layout; its ParallelLayout when both are valid."""
+    """Check one worker group's devices and layout; its ParallelLayout when both are valid. The devices'
+    names and pools are `megarl.config.placement`'s to check; here only their number matters."""
     r, cluster = getattr(cfg, role), cfg.cluster_size()
-    devices_ok = r.n_devices is None or at_least(
-        problems, f"{role}.n_devices", r.n_devices, 1, "or null for all"
-    )
-    if devices_ok and r.n_devices is not None and r.n_devices > cluster:
+    n_devices = getattr(r, "n_devices", None)  # the reference has devices but no n_devices
+    devices_ok = n_devices is None or at_least(problems, f"{role}.n_devices", n_devices, 1, "or null for all")
+    if devices_ok and n_devices is not None and n_devices > cluster:
         problems.append(
-            f"{role}.n_devices={r.n_devices} exceeds the {cluster} devices of the cluster "
+            f"{role}.n_devices={n_devices} exceeds the {cluster} devices of the cluster "
             "(trainer.nnodes·trainer.n_devices_per_node); lower it or add nodes"
         )
         devices_ok = False
-    if r.n_devices not in (None, cluster) and cfg.trainer.launcher == "torchrun":
+    if n_devices not in (None, cluster) and cfg.trainer.launcher == "torchrun":
         problems.append(
-            f"{role}.n_devices={r.n_devices} needs trainer.launcher=ray; under torchrun every role spans all "
+            f"{role}.n_devices={n_devices} needs trainer.launcher=ray; under torchrun every role spans all "
             f"{cluster} devices, so set {role}.n_devices=null"
         )
-    keys = LayoutKeys(f"{role}.parallel")
+    keys, parallel = LayoutKeys(cfg.parallel_key(role)), cfg.parallel_of(role)
     world, where = None, None
-    if devices_ok and cluster >= 1:
+    if r.devices is not None:
+        world = len(r.devices)
+        count = f"{world} device" + ("s" if world != 1 else "")
+        where = f"the {count} of the {role} ({role}.devices={show_devices(r.devices)})"
+    elif devices_ok and cluster >= 1:
         t, world = cfg.trainer, cfg.world_size(role)
-        source = (
-            f"{role}.n_devices"
-            if r.n_devices
-            else f"trainer.nnodes·trainer.n_devices_per_node = {t.nnodes}·{t.n_devices_per_node}"
-        )
+        if n_devices:
+            source = f"{role}.n_devices"
+        elif role == "actor" or cfg.actor.devices is None and cfg.actor.n_devices is None:
+            source = f"trainer.nnodes·trainer.n_devices_per_node = {t.nnodes}·{t.n_devices_per_node}"
+        else:
+            source = "the actor's"
         where = f"the {world} devices of the {role} ({source})"
-    layout_problems = ParallelLayout.check(r.parallel, world, keys, where)
+    layout_problems = ParallelLayout.check(parallel, world or None, keys, where)
     problems += layout_problems
     if dims is not None:
-        check_layout_vs_model(keys, r.parallel, dims, problems)
-    if layout_problems or world is None:
+        check_layout_vs_model(keys, parallel, dims, problems)
+    if layout_problems or not world:
         return None
     return cfg.layout(role)
 

@@ -4,7 +4,8 @@
     ActorWorker(spec)
 
 Workers receive a `RoleSpec`, never the whole `MegarlConfig`. Every rule that ties one role's settings
-to another's lives here: the reference shares the actor's layout, devices and offload directory; the
+to another's lives here: the reference shares the actor's offload directory and (unless `ref.devices`
+and `ref.parallel` give it its own; `MegarlConfig.parallel_of`/`world_size`) its layout and devices; the
 critic starts from the policy checkpoint unless it names its own; activation recomputation applies only
 to trained roles; a mini-batch is `ppo_mini_batch_size × rollout.n` sequences.
 """
@@ -74,6 +75,7 @@ class RoleSpec:
     epochs: int = 1  # passes over each batch (algorithm.ppo_epochs)
     algorithm: AlgorithmConfig | None = None  # the loss settings of a trained role
     rollout: RolloutSpec | None = None  # the actor's generation engine
+    seed: int = 42  # trainer.seed: weights the role builds fresh (a critic's value head) are drawn from it
 
     @property
     def trainable(self) -> bool:
@@ -98,7 +100,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
     if role not in ROLE_NAMES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLE_NAMES)}")
     actor = cfg.actor
-    if role == "ref":  # lives in the actor's processes: the actor's layout, devices and offload dir
+    if role == "ref":  # the actor's offload dir; its layout and devices: the schema's parallel_of/world_size
         section = cfg.ref
         offload = OffloadSpec(params=cfg.ref.offload_params, dir=actor.offload_dir)
     else:
@@ -119,6 +121,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
         offload=offload,
         temperature=_sampling_temperature(cfg) if role in ("actor", "ref") else 1.0,
+        seed=cfg.trainer.seed,
     )
     if not trained:
         return spec

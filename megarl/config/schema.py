@@ -85,7 +85,18 @@ class RoleConfig:
     """A model role that runs as its own worker group (reward model); base of the trainable roles."""
 
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # this role's Megatron layout
-    n_devices: int | None = None  # devices (processes) of the cluster this role uses; None = all
+    # the devices this role runs on: "cuda:N", "node:K/cuda:N", or "cpu:N" (a process slot on a CPU
+    # machine), e.g. [cuda:0, cuda:1, cuda:2, cuda:3]; their number is the role's world size (the layout's
+    # tp·pp·cp must divide it). Roles listing the same devices share them (colocated, one pool); roles on
+    # disjoint devices get a pool each; a partial overlap is an error (megarl.config.placement). None =
+    # n_devices below. verl instead maps roles to named resource pools in Python (resource_pool_spec +
+    # mapping; reward_model.enable_resource_pool for its own RM pool); in megarl the YAML names the devices,
+    # and megarl.controller.device_map.DeviceMap writes this and `parallel` from Python
+    devices: list[str] | None = None
+    # how many devices this role uses when `devices` is unset; None = all: the actor the whole cluster, the
+    # critic and reward model the actor's devices. A critic or reward model with n_devices gets a pool of its
+    # own of that many devices (Ray picks them); the pools together must fit in the cluster
+    n_devices: int | None = None
     # sequences per forward/backward micro-batch on each data-parallel rank; in paired preference training
     # (dpo, ipo, orpo, simpo) a training micro-batch holds this many PAIRS (2× sequences), as in TRL
     micro_batch_size: int = 1
@@ -117,11 +128,18 @@ class CriticConfig(TrainRoleConfig):
 
 @dataclass
 class RefConfig:
-    """The frozen reference policy. It lives in the actor's processes (colocated), so it always uses
-    the actor's parallel layout and devices; only its batching and offloading are its own."""
+    """The frozen reference policy. By default it lives in the actor's processes (colocated), with the
+    actor's parallel layout and devices; given devices of its own it runs as its own worker group there."""
 
     # None = auto: on when a KL term is used (use_kl_in_reward or use_kl_loss) and for dpo, ipo and kto
     enable: bool | None = None
+    # the reference's devices (forms as actor.devices). None or the actor's devices = inside the actor's
+    # processes (verl's colocated reference); devices disjoint from the actor's = its own worker group there
+    # (verl has no separate reference pool)
+    devices: list[str] | None = None
+    # its layout on devices of its own; None = the actor's (actor.parallel). Inside the actor's processes
+    # it must be null or equal to actor.parallel (one megatron layout per process)
+    parallel: ParallelConfig | None = None
     micro_batch_size: int = 1  # sequences per log-prob forward on each data-parallel rank
     max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch; None = micro_batch_size
     offload_params: bool = False  # keep parameters in CPU memory between uses
@@ -465,18 +483,29 @@ class MegarlConfig:
         return self.trainer.nnodes * self.trainer.n_devices_per_node
 
     def parallel_of(self, role: str) -> ParallelConfig:
-        """The parallel layout a role runs with (the reference shares the actor's)."""
-        return self.actor.parallel if role == "ref" else getattr(self, role).parallel
+        """The parallel layout a role runs with (the reference's is the actor's unless ref.parallel is set)."""
+        if role == "ref":
+            return self.ref.parallel or self.actor.parallel
+        return getattr(self, role).parallel
+
+    def parallel_key(self, role: str) -> str:
+        """The config section a role's layout comes from (`actor.parallel` for a reference without its own)."""
+        return "actor.parallel" if role == "ref" and self.ref.parallel is None else f"{role}.parallel"
 
     def world_size(self, role: str) -> int:
-        """Devices (processes) in a role's worker group."""
-        n_devices = self.actor.n_devices if role == "ref" else getattr(self, role).n_devices
-        return self.cluster_size() if n_devices is None else n_devices
+        """Devices (processes) in a role's worker group: len(<role>.devices) when set; else n_devices; else
+        the whole cluster for the actor and the actor's for the others."""
+        section = getattr(self, role)
+        if section.devices is not None:
+            return len(section.devices)
+        n_devices = getattr(section, "n_devices", None)
+        if n_devices is not None:
+            return n_devices
+        return self.cluster_size() if role == "actor" else self.world_size("actor")
 
     def layout(self, role: str) -> ParallelLayout:
         """A role's ParallelLayout over its devices; a LayoutError naming the role's config keys when the
-        layout cannot work (the reference shares the actor's layout and keys)."""
-        section = "actor" if role == "ref" else role
+        layout cannot work."""
         return ParallelLayout.from_config(
-            self.parallel_of(role), self.world_size(role), LayoutKeys(f"{section}.parallel")
+            self.parallel_of(role), self.world_size(role), LayoutKeys(self.parallel_key(role))
         )

@@ -17,6 +17,7 @@ from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS
 from megarl.algorithms.loss_traits import SEQUENCE_MEAN_LOSSES
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
+from megarl.config.placement import Placement, check_placement
 from megarl.config.schema import MegarlConfig, OptimizerConfig
 from megarl.config.validate_algorithm import (
     PREFERENCE_ALGORITHMS,
@@ -100,8 +101,12 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     dims = load_dims(cfg, check_paths, problems)
     _check_model(cfg, check_paths, problems)
     _check_trainer(cfg, check_paths, problems)
-    layouts = {role: check_worker_group(cfg, role, dims.get(role), problems) for role in _layout_roles(cfg)}
-    for role in [*layouts, "ref"] if cfg.ref.enable else layouts:
+    plan = check_placement(cfg, problems)
+    layouts = {
+        role: check_worker_group(cfg, role, dims.get("actor" if role == "ref" else role), problems)
+        for role in _layout_roles(cfg, plan)
+    }
+    for role in [*layouts, "ref"] if cfg.ref.enable and "ref" not in layouts else layouts:
         r = getattr(cfg, role)
         _check_batching(cfg, role, r.micro_batch_size, r.max_tokens_per_micro_batch, problems)
     for role in ("actor", "critic") if cfg.critic.enable else ("actor",):
@@ -118,9 +123,16 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
         raise ConfigError(problems)
 
 
-def _layout_roles(cfg: MegarlConfig) -> list[str]:
-    """Roles that own a worker group (the reference lives inside the actor's)."""
-    return ["actor"] + [role for role in ("critic", "reward") if getattr(cfg, role).enable]
+def _layout_roles(cfg: MegarlConfig, plan: Placement | None) -> list[str]:
+    """Roles that own a worker group: the reference only on devices of its own (else it lives inside the
+    actor's processes; without a plan, when it lists devices other than the actor's)."""
+    if plan is not None:
+        ref_own = cfg.ref.enable and not plan.ref_in_actor_processes
+    else:
+        ref_own = bool(cfg.ref.enable) and cfg.ref.devices not in (None, cfg.actor.devices)
+    return ["actor"] + [
+        r for r in ("ref", "critic", "reward") if getattr(cfg, r).enable and (r != "ref" or ref_own)
+    ]
 
 
 def _choices_of(tp: Any) -> tuple[tuple[Any, ...], bool]:
@@ -374,6 +386,8 @@ def _check_profiling(cfg: MegarlConfig, problems: list[str]) -> None:
             "list steps in that range, e.g. [2]"
         )
     world = max(cfg.world_size(role) for role in ("actor", "critic") if role == "actor" or cfg.critic.enable)
+    if world < 1:  # no devices (the device checks say so)
+        return
     outside = [r for r in t.profile_ranks if not 0 <= r < world]
     if outside:
         problems.append(

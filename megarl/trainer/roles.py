@@ -1,10 +1,12 @@
 """The worker groups of an RL run, built from the config, and their shutdown.
 
-- actor + reference: ONE process per rank (the reference lives in the actor's processes and layout);
-- critic and reward model: each its own group. Under Ray they run on the actor's pool (their own
-  processes beside the actor's, with their own layout) or on a pool of their own when
-  `<role>.n_devices` is set; under torchrun every role is a worker in each process and so shares the
-  actor's layout (config validation says so before anything starts).
+- actor + reference: ONE process per rank (the reference lives in the actor's processes and layout),
+  unless `ref.devices` names devices of its own: then the reference is its own group there;
+- critic and reward model: each its own group. Under Ray each group is built on its pool from
+  `megarl.config.placement` (roles on the same devices share a pool: their own processes beside the
+  actor's, with their own layout; disjoint devices, or `<role>.n_devices`, a pool of its own); under
+  torchrun every role is a worker in each process and so shares the actor's layout (config validation
+  says so before anything starts).
 
 `trainer.launcher=ray` starts (or joins) Ray and places every group through a ResourcePool;
 `trainer.launcher=torchrun` builds SPMD groups in this process (this process is one rank).
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megarl.config.placement import Pool, placement
+from megarl.config.placement import enabled_roles as placed_roles
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
 from megarl.controller.group import (
@@ -92,7 +96,7 @@ def is_writer_process(cfg: MegarlConfig) -> bool:
 
 def enabled_roles(cfg: MegarlConfig) -> list[str]:
     """The roles `build_roles` starts for `cfg` (resolved), in start order."""
-    return ["actor"] + [role for role in ("ref", "critic", "reward") if getattr(cfg, role).enable]
+    return placed_roles(cfg)
 
 
 def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
@@ -103,28 +107,36 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
 
     backend = group_backend(cfg)
     options = group_options(cfg)
+    plan = placement(cfg)  # a ConfigError here, before any process starts
     pools: dict[str, Any] = {}
     started: list[WorkerGroup] = []  # shut down, last first, when a later role fails to start
 
     def pool_for(role: str) -> Any:
-        """The actor's pool, or one of the role's own when `<role>.n_devices` is set."""
+        """The Ray pool of the role's devices, shared with the roles on the same devices."""
         if backend == "spmd":
             return None
-        key = role if role != "actor" and getattr(cfg, role).n_devices is not None else "actor"
-        if key not in pools:
-            pools[key] = _ray_pool(cfg, cfg.world_size(key), name=f"megarl-{key}")
-        return pools[key]
+        pool = plan.pool_of(role)
+        if pool.name not in pools:
+            pools[pool.name] = _ray_pool(pool)
+        return pools[pool.name]
 
     try:
         colocated: dict[str, tuple[type, dict]] = {
             "actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})
         }
-        if cfg.ref.enable:
+        ref_own = cfg.ref.enable and backend == "ray" and not plan.ref_in_actor_processes
+        if cfg.ref.enable and not ref_own:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
         groups = make_colocated_groups(backend, pool_for("actor"), colocated, **options)
         started.append(groups["actor"])
         actor = as_handle(groups["actor"], ActorGroup)
         ref = as_handle(groups["ref"], RefGroup) if "ref" in groups else None
+        if ref_own:
+            group = make_worker_group(
+                backend, pool_for("ref"), ReferenceWorker, "ref", {"spec": role_spec(cfg, "ref")}, **options
+            )
+            started.insert(0, group)
+            ref = as_handle(group, RefGroup)
         critic: CriticGroup | None = None
         reward_model: RewardModelGroup | None = None
         if cfg.critic.enable:
@@ -169,19 +181,29 @@ def group_options(cfg: MegarlConfig) -> dict[str, float | str]:
     return options
 
 
-def start_reward_model(cfg: MegarlConfig) -> tuple[RewardModelGroup, Any]:
-    """A reward-model group for `cfg.reward` on a Ray pool of its own (the Python API's reward
-    controllers beyond the run's own reward model): (typed handle, pool to remove after its shutdown)."""
+def start_reward_model(
+    cfg: MegarlConfig, pools: tuple = (), name: str = "reward"
+) -> tuple[RewardModelGroup, Any]:
+    """A reward-model group for `cfg.reward` (the Python API's reward controllers beyond the run's own):
+    on the running pool of its devices when one of `pools` holds them (colocated), else on a Ray pool
+    of its own named after `name`. Returns (typed handle, the new pool to remove after its shutdown, or
+    None)."""
     if group_backend(cfg) != "ray":
         raise ValueError("reward controllers started by the Python API need trainer.launcher=ray")
-    pool = _ray_pool(cfg, cfg.world_size("reward"), name="megarl-reward")
+    planned = placement(cfg).pool_of("reward")
+    running = {getattr(pool, "name", None): pool for pool in pools}
+    pool = running.get(f"megarl-{planned.name}")
+    own = None
+    if pool is None:
+        own = pool = _ray_pool(planned, name=f"megarl-reward-{name}")
     cls, kwargs = _reward_worker(cfg)
     try:
         group = make_worker_group("ray", pool, cls, "reward", kwargs, **group_options(cfg))
     except BaseException:
-        pool.remove()
+        if own is not None:
+            own.remove()
         raise
-    return as_handle(group, RewardModelGroup), pool
+    return as_handle(group, RewardModelGroup), own
 
 
 def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
@@ -190,10 +212,8 @@ def _reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
     return reward_worker(cfg)
 
 
-def _ray_pool(cfg: MegarlConfig, devices: int, name: str) -> Any:
+def _ray_pool(pool: Pool, name: str | None = None) -> Any:
     from megarl.controller.resource_pool import ResourcePool, start_local_ray
 
     start_local_ray()
-    per_node = cfg.trainer.n_devices_per_node
-    nodes = [per_node] * (devices // per_node) + ([devices % per_node] if devices % per_node else [])
-    return ResourcePool(nodes, name=name)
+    return ResourcePool(list(pool.nodes), name=name or f"megarl-{pool.name}")

@@ -66,13 +66,17 @@ class MegatronWorker(Worker):
         from megatron.core import parallel_state
 
         model = self.spec.model
-        chunks = build_model_chunks(
-            self.arch,
-            self.layout,
-            model.dtype,
-            model.make_vocab_size_divisible_by,
-            recompute=recompute,
-        )
+        # weights built fresh (a critic's value head) come from the default generator, which torch seeds
+        # at random per process: seed it, so they are the same on every rank and from run to run
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.spec.seed)
+            chunks = build_model_chunks(
+                self.arch,
+                self.layout,
+                model.dtype,
+                model.make_vocab_size_divisible_by,
+                recompute=recompute,
+            )
         chunks = [chunk.to(platform().device) for chunk in chunks]
         load_hf_into_chunks(
             chunks,

@@ -71,3 +71,9 @@ def test_missing_checkpoints_and_unknown_roles_are_refused():
         role_spec(MegarlConfig(), "actor")
     with pytest.raises(ValueError, match="unknown role 'policy'"):
         role_spec(config(), "policy")
+
+
+def test_every_role_builds_fresh_weights_from_the_trainer_seed():
+    cfg = config()
+    cfg.trainer.seed = 7
+    assert {role_spec(cfg, role).seed for role in ("actor", "ref", "critic")} == {7}
