@@ -27,5 +27,5 @@ def test_every_exported_name_resolves(name):
 
 
 def test_an_unknown_name_is_an_attribute_error():
-    with pytest.raises(AttributeError, match="no attribute 'PPOTrainer'"):
-        megarl.PPOTrainer  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'PPOTrainr'"):
+        megarl.PPOTrainr  # noqa: B018
