@@ -19,6 +19,7 @@ from megarl import (
     PPOTrainer,
     ReferenceController,
     RewardController,
+    Roles,
 )
 from megarl.models.tiny import build_tiny_hf
 from megarl.quickstart import prepare, task_config
@@ -42,13 +43,8 @@ def main(steps: int = 4, colocated: bool = False, out: str = "outputs/examples/d
     critic = CriticController(optimizer=optimizer, devices=place(2))
     rm = RewardController(rm_path, devices=place(3))
     exact = RewardController(function=exact_reversal, name="exact")
-    reward = [(exact, 1.0), (rm, 0.1)]
-    with (
-        actor,
-        critic,
-        rm,
-        PPOTrainer(actor=actor, critic=critic, reference=reference, reward=reward, config=config) as trainer,
-    ):
+    roles = Roles(actor, critic, reference, reward_models=[(exact, 1.0), (rm, 0.1)])
+    with actor, critic, rm, PPOTrainer(roles=roles, config=config) as trainer:
         history = trainer.fit()
         roles = {"actor": actor, "reference": reference, "critic": critic, "reward_model": rm}
         pids = {name: sorted(p["pid"] for p in c.group.processes) for name, c in roles.items()}

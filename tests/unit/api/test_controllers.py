@@ -148,3 +148,25 @@ def test_the_trained_roles_run_on_megatron_until_the_hf_backend_exists():
     with pytest.raises(ControllerError, match="HF/FSDP backend is not built yet"):
         megarl.ActorController("m", backend="fsdp")
     assert megarl.CriticController(backend="megatron").settings == {}
+
+
+def test_flow_run_trains_the_steps_or_epochs_it_is_given_more():
+    from types import SimpleNamespace
+
+    from megarl.api.trainers import ControllerTrainer
+
+    calls = []
+    history = [{"step": s} for s in range(1, 12)]
+
+    def fit(total_steps):
+        calls.append(total_steps)
+        return history[:total_steps]
+
+    trainer = SimpleNamespace(done_step=3, loader=SimpleNamespace(steps_per_epoch=4), fit=fit)
+    assert ControllerTrainer.run_for(trainer, num_epochs=2) == history[3:11]  # 2 epochs of 4 steps more
+    assert ControllerTrainer.run_for(trainer, steps=1) == history[3:4]
+    assert calls == [11, 4]
+    with pytest.raises(ControllerError, match="one of steps= or num_epochs="):
+        ControllerTrainer.run_for(trainer, steps=1, num_epochs=1)
+    with pytest.raises(ControllerError, match="run at least one step"):
+        ControllerTrainer.run_for(trainer, steps=0)
