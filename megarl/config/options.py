@@ -9,7 +9,7 @@ from typing import Literal
 # workers.reward_hf); tests/unit/config/test_vocabulary.py keeps each pair equal.
 Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
-AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo"]
+AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo", "rm"]
 AdvEstimator = Literal[
     "gae",
     "grpo",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
@@ -27,7 +27,7 @@ from megarl.controller.group import (
     make_colocated_groups,
     make_worker_group,
 )
-from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup
+from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup, RewardTrainerGroup
 
 
 @dataclass
@@ -77,6 +77,7 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
     from megarl.workers.reference import ReferenceWorker
+    from megarl.workers.reward_trainer import RewardTrainerWorker
 
     backend: Backend = "spmd" if cfg.trainer.launcher == "torchrun" else "ray"
     # Ray: the driver's deadline per call (and start); both: every process group's collective timeout
@@ -101,14 +102,20 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
         return pools[key]
 
     try:
+        # the rm job trains a reward model in the actor's place (its layout, batching and optimizer)
+        trains_rm = cfg.algorithm.name == "rm"
+        actor_cls = RewardTrainerWorker if trains_rm else ActorWorker
         colocated: dict[str, tuple[type, dict]] = {
-            "actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})
+            "actor": (actor_cls, {"spec": role_spec(cfg, "actor", total_steps)})
         }
         if cfg.ref.enable:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
         groups = make_colocated_groups(backend, pool_for("actor"), colocated, **options)
         started.append(groups["actor"])
-        actor = as_handle(groups["actor"], ActorGroup)
+        if trains_rm:  # RewardModelTrainer sees it as the RewardTrainerGroup it is
+            actor = cast(ActorGroup, as_handle(groups["actor"], RewardTrainerGroup))
+        else:
+            actor = as_handle(groups["actor"], ActorGroup)
         ref = as_handle(groups["ref"], RefGroup) if "ref" in groups else None
         critic: CriticGroup | None = None
         reward_model: RewardModelGroup | None = None
