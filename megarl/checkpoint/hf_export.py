@@ -7,6 +7,9 @@ Two sources, one shard writer (safetensors_shards):
 - `export_checkpoint_hf`: a megarl checkpoint directory, in one process without megatron: tensors are
   read one layer at a time from the dist-checkpoint (dist_reader).
 
+A scalar-head model (a critic, a reward model from `megarl rm`) is written as a sequence classifier
+(`<Family>ForSequenceClassification`, one label, `score.weight`) that transformers loads.
+
 Both plan the shards first from meta tensors (names, shapes, dtypes), then write each tensor as it comes,
 so memory holds one tensor (live) or one layer (checkpoint), never a shard or the model. The output is
 staged in `<out>.partial` and renamed into place only once complete.

@@ -2,10 +2,11 @@
 SFT-warm-started tiny Llama (digits_reverse), under Ray on 2 CPU ranks.
 
 The pairs prefer the correct reversal over the copied digits (the preference commands' data). The RM
-starts from the SFT model with a fresh scalar head, trains 16 steps of 32 pairs, and must rank held-out
+starts from the SFT model with a fresh scalar head, trains 40 steps of 32 pairs, and must rank held-out
 pairs well above chance; its HF export must load in transformers as a sequence classifier scoring what
-megarl scored. Then a few small GRPO steps score rollouts with that export alone
-(reward.weights={function: 0}) and must raise its score.
+megarl scored, and its checkpoint must convert (`megarl convert mcore-to-hf`) to the same classifier.
+Then 10 small GRPO steps score rollouts with that export alone (reward.weights={function: 0}) and must
+raise its score.
 """
 
 from __future__ import annotations
@@ -19,17 +20,18 @@ import torch
 
 from megarl.config import load_config
 from tests.helpers.data import digits_val_pairs
-from tests.helpers.rl_runs import SMALL_STEP, run, steps
+from tests.helpers.rl_runs import GRPO, run, steps
 from tests.helpers.run_files import jsonl_history
 
 pytestmark = pytest.mark.e2e
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_rm.yaml"
-RM_STEPS = 24
-# GRPO: 16 prompts × 4 samples a step; one sample's RM score spreads ±2.4, so the mean of 3 steps has a
-# standard error of ≈ 0.17. Seen: first 3 steps 0.58, last 3 2.89 (the rise comes late: steps 7-10)
+RM_STEPS = 40  # the quickstart's: seen 0.48 -> 0.91 held-out accuracy
+# GRPO: 32 prompts × 8 samples a step (rl_runs.GRPO). Seen with the 40-step RM: the greedy answers to the
+# 64 val prompts scored 0.09 before and 1.18 after 10 steps (RM scores span ≈ -1.3 … 1.9: rejected and
+# chosen means); the training batches' mean 0.52 over the first 3 steps, 1.18 over the last 3
+# (step-to-step spread ≈ 0.3). 16 prompts × 4 samples were too few: no clear rise in 16 steps.
 GRPO_STEPS = 10
-GRPO_STEP = ("data.train_batch_size=16", "algorithm.ppo_mini_batch_size=16")
 
 
 @dataclass(frozen=True)
@@ -117,15 +119,16 @@ def test_the_checkpoint_is_a_reward_models_and_converts_to_the_export(rm_run, tm
 def test_grpo_against_the_trained_reward_model_raises_its_score(rm_run, rl_setup, tmp_path):
     cfg = rl_setup.grpo_config(
         tmp_path,
-        *SMALL_STEP,
-        *GRPO_STEP,
-        "data.val_files=[]",
+        *GRPO,
         f"reward.model_path={rm_run.hf_dir}",
-        "reward.micro_batch_size=16",
+        "reward.micro_batch_size=32",
         "reward.weights.function=0.0",  # the reward model's score alone
         f"trainer.total_steps={GRPO_STEPS}",
+        f"trainer.eval_every={GRPO_STEPS}",  # greedy answers to the val prompts, before and after
     )
-    history = steps(run(cfg)[0])
-    rm = [h["reward/rm/mean"] for h in history]
-    print("reward/rm/mean per step", [round(v, 3) for v in rm])
+    history = run(cfg)[0]
+    val = [h["val/reward/mean"] for h in history if "val/reward/mean" in h]
+    rm = [h["reward/rm/mean"] for h in steps(history)]
+    print("val/reward/mean", [round(v, 3) for v in val], "reward/rm/mean", [round(v, 3) for v in rm])
+    assert len(val) == 2 and val[1] > val[0] + 0.3, val  # the same prompts, greedy: seen +1.09
     assert sum(rm[-3:]) / 3 > sum(rm[:3]) / 3, rm
