@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megarl.config.load import config_from
+from megarl.observe.run_files import read_metrics
 from megarl.trainer.reward_model import RewardModelTrainer
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def fit_reward_model(
     cfg = config_from(config, [settings, {"model": {"path": model}}, keys])
     with RewardModelTrainer(cfg) as trainer:
         rc.model = trainer.fit()
-        return list(trainer.history)
+    return read_metrics(Path(cfg.trainer.output_dir) / "metrics.jsonl")
 
 
 def _output_dir(config: Any, keys: dict[str, Any]) -> str:

@@ -7,6 +7,9 @@ Two sources, one shard writer (safetensors_shards):
 - `export_checkpoint_hf`: a megarl checkpoint directory, in one process without megatron: tensors are
   read one layer at a time from the dist-checkpoint (dist_reader).
 
+A scalar-head model (a critic, a reward model from `megarl rm`) is written as a sequence classifier
+(`<Family>ForSequenceClassification`, one label, `score.weight`) that transformers loads.
+
 Both plan the shards first from meta tensors (names, shapes, dtypes), then write each tensor as it comes,
 so memory holds one tensor (live) or one layer (checkpoint), never a shard or the model. The output is
 staged in `<out>.partial` and renamed into place only once complete.
@@ -35,7 +38,7 @@ from megarl.checkpoint.format import (
 )
 from megarl.checkpoint.safe_load import no_code_unpickling
 from megarl.models.convert import llama
-from megarl.models.convert.hf_io import copy_hf_metadata
+from megarl.models.convert.hf_io import copy_hf_metadata, write_classifier_config
 from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
 from megarl.models.convert.safetensors_shards import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -106,6 +109,8 @@ def export_hf(
             (staging / "model").rmdir()  # begin_write's layout is the dist-checkpoint's
             write_index(staging, plan)
             copy_hf_metadata(source_hf_dir, staging)
+            if arch.head == "scalar":  # a critic or reward model: a sequence classifier, `score.weight`
+                write_classifier_config(staging)
     except (OSError, ValueError) as e:
         failure = f"writing the HF checkpoint {out_dir} failed on rank {dist.get_rank()}: {e}"
     failures = [None] * dist.get_world_size()
@@ -136,6 +141,8 @@ def export_checkpoint_hf(
         if problems:
             raise CheckpointError(f"{ckpt_dir} is incomplete or damaged:\n  " + "\n  ".join(problems))
     arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")
+    if meta.get("architecture", {}).get("head") == "scalar":  # hf/ is the source LM's config
+        arch = arch.with_scalar_head()
     staging = partial_dir(out_dir)
     # DCP's metadata is a pickle: read it (and every tensor record) without running code from the file
     with no_code_unpickling(), _read_errors(ckpt_dir):
@@ -153,6 +160,8 @@ def export_checkpoint_hf(
         writer.close()
     write_index(staging, plan)
     copy_hf_metadata(ckpt_dir / "hf", staging)
+    if arch.head == "scalar":
+        write_classifier_config(staging)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)

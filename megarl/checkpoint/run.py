@@ -153,7 +153,9 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
             )
         model_path = role_spec(cfg, role, total_steps).model.path
         arch = ModelArchitecture.from_pretrained(model_path)
-        check_fingerprint(meta, arch.with_scalar_head() if role == "critic" else arch, role_dir, model_path)
+        # the critic, and the reward model the rm job trains in the actor's place, have a scalar head
+        scalar = role == "critic" or cfg.algorithm.name == "rm"
+        check_fingerprint(meta, arch.with_scalar_head() if scalar else arch, role_dir, model_path)
 
 
 def capture_rng() -> dict[str, Any]:

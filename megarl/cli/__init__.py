@@ -11,6 +11,7 @@ megarl bench WHAT [...]                       benchmarks that write JSON
 megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
 megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
 megarl dpo|ipo|kto|orpo|simpo CONFIG [...]    offline preference training, writes an HF checkpoint
+megarl rm CONFIG [key=value ...]              reward-model training on pairs, writes an HF classifier
 megarl data make TASK --out DIR               a locally generated verifiable task, in verl's schema
 megarl quickstart [--out DIR]                 tiny model -> SFT warm-start -> GRPO, on 2 CPU processes
 megarl report RUN_DIR [RUN_DIR ...] [--out DIR]  plots + report.md of a run; several runs: overlaid

@@ -4,6 +4,8 @@ calls for. It serves these commands, and every rank of the torchrun entry (`-m m
 megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
 megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
 megarl dpo|ipo|kto|orpo|simpo CONFIG [...]    offline preference training, writes an HF checkpoint
+megarl rm CONFIG [key=value ...]              reward-model training on preference pairs (Bradley–Terry),
+                                              writes an HF sequence classifier for reward.model_path
 
     megarl train configs/quickstart_grpo.yaml rollout.n=8                   # trainer.launcher=ray (default)
     torchrun --nproc_per_node 2 -m megarl.train CONFIG trainer.launcher=torchrun ...   # SPMD, no Ray
@@ -23,7 +25,8 @@ from megarl.cli.errors import report_error
 from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.observe.worker_logs import console_errors, quiet_known_warnings, rank_output_to_log
 
-JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo")  # `train` = RL; the others set algorithm.name
+# `train` = RL; the others set algorithm.name
+JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo", "rm")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -31,6 +34,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     jobs = [("train", "RL training"), ("sft", "supervised fine-tuning")]
     jobs += [(name, f"offline preference training with {name.upper()}") for name in PREFERENCE_ALGORITHMS]
+    jobs += [
+        ("rm", "reward-model training on preference pairs (Bradley–Terry), exported as an HF classifier")
+    ]
     for name, what in jobs:
         job = commands.add_parser(name, help=f"{what} from a YAML config")
         job.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
@@ -78,6 +84,11 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
             from megarl.trainer.sft import SFTTrainer
 
             with SFTTrainer(cfg) as trainer:
+                trainer.fit()
+        elif job == "rm":
+            from megarl.trainer.reward_model import RewardModelTrainer
+
+            with RewardModelTrainer(cfg) as trainer:
                 trainer.fit()
         elif job != "train":
             from megarl.trainer.preference import PreferenceTrainer

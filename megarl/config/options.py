@@ -10,7 +10,7 @@ from typing import Literal
 Dtype = Literal["fp32", "bf16", "fp16"]
 LrDecayStyle = Literal["constant", "cosine", "linear"]
 OptimizerName = Literal["adamw", "adam", "sgd"]
-AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo"]
+AlgorithmName = Literal["ppo", "grpo", "sft", "dpo", "ipo", "kto", "orpo", "simpo", "rm"]
 AdvEstimator = Literal[
     "gae",
     "grpo",

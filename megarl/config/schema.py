@@ -318,7 +318,8 @@ class PfPpoConfig:
 @dataclass
 class AlgorithmConfig:
     # "ppo" (on-policy RL) | "grpo" (PPO with the GRPO estimator) | "sft" | offline preference training:
-    # "dpo" | "ipo" | "kto" | "orpo" | "simpo" (see `preference.*`; the `megarl <name>` commands set it)
+    # "dpo" | "ipo" | "kto" | "orpo" | "simpo" (see `preference.*`; the `megarl <name>` commands set it) |
+    # "rm" (reward-model training on the same pairs: `megarl rm`)
     name: AlgorithmName = "ppo"
     # how advantages are estimated (megarl.algorithms.advantages): "gae" (needs the critic) | "grpo" |
     # "drgrpo" (GRPO without the std division) | "rloo" | "reinforce_plus_plus" |

@@ -281,7 +281,7 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
 def _check_batches(cfg: MegarlConfig, layouts: dict[str, ParallelLayout], problems: list[str]) -> None:
     """Prompts → mini-batches → data-parallel ranks → micro-batches must all split evenly."""
     train, mini, n = cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size, cfg.rollout.n
-    if cfg.algorithm.name in ("sft", *PREFERENCE_ALGORITHMS):  # one optimizer step per batch
+    if cfg.algorithm.name in ("sft", "rm", *PREFERENCE_ALGORITHMS):  # one optimizer step per batch
         mini, n = train, 1
     if train < 1 or mini < 1 or n < 1:
         return

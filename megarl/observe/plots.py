@@ -81,7 +81,7 @@ PLOTS = (
         log_y=True,
     ),
     Plot("throughput", "Throughput", "tokens per second", (Curve("throughput/tokens_per_s", "tokens/s"),)),
-    # the offline trainers (megarl sft, megarl dpo|ipo|kto|orpo|simpo)
+    # the offline trainers (megarl sft, megarl dpo|ipo|kto|orpo|simpo, megarl rm)
     Plot(
         "sft_loss",
         "SFT loss",
@@ -111,8 +111,27 @@ PLOTS = (
         "fraction of pairs with reward(chosen) > reward(rejected)",
         (Curve("rewards/accuracy", "train"), Curve("val/rewards/accuracy", "validation")),
     ),
+    Plot(
+        "rm_loss",
+        "Reward-model loss",
+        "Bradley–Terry loss per pair",
+        (Curve("rm/loss", "train"), Curve("val/rm/loss", "validation")),
+    ),
+    Plot(
+        "rm_accuracy",
+        "Reward-model accuracy",
+        "fraction of pairs with score(chosen) > score(rejected)",
+        (Curve("rm/accuracy", "train"), Curve("val/rm/accuracy", "validation")),
+    ),
 )
-OFFLINE_PLOTS = ("sft_loss", "preference_loss", "preference_rewards", "preference_accuracy")
+OFFLINE_PLOTS = (
+    "sft_loss",
+    "preference_loss",
+    "preference_rewards",
+    "preference_accuracy",
+    "rm_loss",
+    "rm_accuracy",
+)
 TIMING_NAME = "timing"  # the per-stage chart, drawn by its own function
 PLOT_NAMES = tuple(p.name for p in PLOTS) + (TIMING_NAME,)
 

@@ -50,9 +50,12 @@ def _number(value: float) -> str:
 _CONSOLE = (
     ("sft/loss", "loss"),
     ("pref/loss", "loss"),
+    ("rm/loss", "loss"),
     ("rewards/accuracy", "acc"),
+    ("rm/accuracy", "acc"),
     ("rewards/margin", "margin"),
     ("val/rewards/accuracy", "val acc"),
+    ("val/rm/accuracy", "val acc"),
     ("val/reward/mean", "val"),
     ("kl/mean", "kl"),
     ("actor/kl_loss", "kl_loss"),
@@ -320,7 +323,7 @@ class LiveView:
         parts = []
         if "reward/mean" in m:
             parts.append(f"reward {_number(m['reward/mean'])} ±{_number(m.get('reward/std', 0.0))}")
-        for key in ("sft/loss", "pref/loss"):
+        for key in ("sft/loss", "pref/loss", "rm/loss"):
             if key in m:
                 parts.append(f"loss {_number(m[key])}")
         if self.val is not None:

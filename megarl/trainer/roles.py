@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from megarl.config.placement import Pool, placement
 from megarl.config.placement import enabled_roles as placed_roles
@@ -31,7 +31,7 @@ from megarl.controller.group import (
     make_colocated_groups,
     make_worker_group,
 )
-from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup
+from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup, RewardTrainerGroup
 
 
 @dataclass
@@ -104,6 +104,7 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
     from megarl.workers.reference import ReferenceWorker
+    from megarl.workers.reward_trainer import RewardTrainerWorker
 
     backend = group_backend(cfg)
     options = group_options(cfg)
@@ -121,15 +122,21 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
         return pools[pool.name]
 
     try:
+        # the rm job trains a reward model in the actor's place (its layout, batching and optimizer)
+        trains_rm = cfg.algorithm.name == "rm"
+        actor_cls = RewardTrainerWorker if trains_rm else ActorWorker
         colocated: dict[str, tuple[type, dict]] = {
-            "actor": (ActorWorker, {"spec": role_spec(cfg, "actor", total_steps)})
+            "actor": (actor_cls, {"spec": role_spec(cfg, "actor", total_steps)})
         }
         ref_own = cfg.ref.enable and backend == "ray" and not plan.ref_in_actor_processes
         if cfg.ref.enable and not ref_own:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
         groups = make_colocated_groups(backend, pool_for("actor"), colocated, **options)
         started.append(groups["actor"])
-        actor = as_handle(groups["actor"], ActorGroup)
+        if trains_rm:  # RewardModelTrainer sees it as the RewardTrainerGroup it is
+            actor = cast(ActorGroup, as_handle(groups["actor"], RewardTrainerGroup))
+        else:
+            actor = as_handle(groups["actor"], ActorGroup)
         ref = as_handle(groups["ref"], RefGroup) if "ref" in groups else None
         if ref_own:
             group = make_worker_group(

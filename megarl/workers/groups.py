@@ -4,6 +4,7 @@ dispatch modes and what they return.
     roles.actor: ActorGroup        rollouts = roles.actor.generate(prompts)        -> Batch
     roles.ref: RefGroup            roles.ref.ref_log_prob(batch)                   -> Batch
     roles.critic: CriticGroup      roles.critic.update(batch)                      -> [metrics per DP replica]
+    RewardTrainerGroup             the rm job's trained reward model, in the actor's place
 
 A group's methods are bound at run time from its worker class's `@register(mode)` methods
 (`megarl.controller.group`); these Protocols name them for readers and the type checker. Each stub
@@ -115,6 +116,23 @@ class CriticGroup(MegatronGroup, Protocol):
     @register(Dispatch.DP_COMPUTE)
     def update(self, batch: Batch) -> list[dict[str, float]]: ...
     def update_async(self, batch: Batch) -> GroupFuture[list[dict[str, float]]]: ...
+
+
+@runtime_checkable
+class RewardTrainerGroup(CriticGroup, Protocol):
+    """The reward model being trained (`RewardTrainerWorker`, in the actor's place in the rm job)."""
+
+    @register(Dispatch.DP_COMPUTE)
+    def rm_update(self, batch: Batch, margin: float = 0.0) -> list[dict[str, float]]: ...
+    def rm_update_async(self, batch: Batch, margin: float = 0.0) -> GroupFuture[list[dict[str, float]]]: ...
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_rm_score(self, batch: Batch) -> Batch: ...
+    def compute_rm_score_async(self, batch: Batch) -> GroupFuture[Batch]: ...
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, out_dir: str) -> list[str]: ...
+    def export_hf_async(self, out_dir: str) -> GroupFuture[list[str]]: ...
 
 
 @runtime_checkable

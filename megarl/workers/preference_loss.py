@@ -30,6 +30,12 @@ REF_LOGPS = "ref_logps"  # [n] the reference's sequence log-prob sum of each row
 DESIRABLE = "desirable"  # [n] bool, kto
 
 
+def check_whole_pairs(rows: torch.Tensor) -> None:
+    """Raise unless a micro-batch's `rows` are whole interleaved pairs (2i, 2i+1, …)."""
+    if len(rows) % 2 or not bool((rows[1::2] == rows[0::2] + 1).all()):
+        raise RuntimeError(f"a preference micro-batch split a pair: rows {rows.tolist()}")
+
+
 def preference_loss_fn(
     settings: PreferenceSettings,
     counts: BatchCounts,
@@ -59,9 +65,7 @@ def micro_batch_loss(
     mask = mb["mask"]
     ref = mb[REF_LOGPS] if settings.uses_reference else None
     if settings.paired:
-        rows = mb["rows"]
-        if len(rows) % 2 or not bool((rows[1::2] == rows[0::2] + 1).all()):
-            raise RuntimeError(f"a preference micro-batch split a pair: rows {rows.tolist()}")
+        check_whole_pairs(mb["rows"])
         losses, metrics = interleaved_pair_terms(settings, token_logps, mask, ref, counts)
     else:
         assert ref is not None  # KTO always uses the reference (settings.uses_reference)

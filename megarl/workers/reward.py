@@ -36,14 +36,20 @@ class RewardModelWorker(MegatronWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_rm_score(self, batch: Batch) -> Batch:
-        seqs = sequences_from_batch(batch)
-        out = self.forward_rows(
-            seqs,
-            lambda mb, output: {"rm_scores": output.squeeze(-1).float()},  # at each last token, [k, 1]
-            {"rm_scores": ()},
-            at="last_index",
-        )
-        return Batch(tensors=out)
+        return last_token_scores(self, batch)
+
+
+def last_token_scores(worker: MegatronWorker, batch: Batch) -> Batch:
+    """Batch(rm_scores [n]): a scalar-head model's output at the last real token of each row (the frozen
+    reward model's scores, and the one being trained: megarl.workers.reward_trainer)."""
+    seqs = sequences_from_batch(batch)
+    out = worker.forward_rows(
+        seqs,
+        lambda mb, output: {"rm_scores": output.squeeze(-1).float()},  # at each last token, [k, 1]
+        {"rm_scores": ()},
+        at="last_index",
+    )
+    return Batch(tensors=out)
 
 
 def reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:

@@ -48,9 +48,13 @@ def train_minibatches(
     mini_batch_size: int,
     epochs: int,
     group: int = 1,
+    at: str = "index",
 ) -> dict[str, float]:
     """`epochs` passes of optimizer steps of `worker` over mini-batches of `mini_batch_size` local
-    sequences (`group` consecutive rows always share a micro-batch: see MegatronWorker.microbatches). Returns metrics averaged over the optimizer steps (every rank returns the same), and
+    sequences (`group` consecutive rows always share a micro-batch: see MegatronWorker.microbatches);
+    `loss_fn` gets the model's output at the micro-batch's `at` positions (the response tokens, or
+    "last_index": each sequence's last token). Returns metrics averaged over the optimizer steps (every
+    rank returns the same), and
     `bad_updates`: how many of them were skipped for a NaN/inf loss or gradient norm."""
     from megatron.core import parallel_state as ps
 
@@ -86,7 +90,7 @@ def train_minibatches(
                 }
 
             optimizer.zero_grad()
-            outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False, at="index")
+            outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False, at=at)
             step = optimizer.step()
             bad_updates += bool(step.pop("nonfinite"))
             metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)

@@ -18,12 +18,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from megarl.config import load_config
 from megarl.trainer import preference
+from tests.helpers.data import digits_val_pairs
 from tests.helpers.rl_runs import greedy_vllm_models, megarl_cli
 from tests.helpers.run_files import jsonl_history
 
@@ -46,19 +45,9 @@ class PreferenceRun:
     history: dict[int, dict]
 
 
-def _val_pairs(data: Path) -> tuple[Path, list[tuple[str, str]]]:
-    """The task's val problems as pairs (correct answer over the copied digits), and (prompt, answer)."""
-    rows = pq.read_table(data / "val.parquet").to_pylist()
-    problems = [(r["prompt"][0]["content"], r["reward_model"]["ground_truth"]) for r in rows]
-    pairs = [{"prompt": p, "chosen": a, "rejected": p.split()[-1]} for p, a in problems if a != p.split()[-1]]
-    path = data / "val_pairs.parquet"
-    pq.write_table(pa.Table.from_pylist(pairs), path)
-    return path, problems
-
-
 @pytest.fixture(scope="module")
 def preference_runs(rl_setup, tmp_path_factory):
-    val_file, problems = _val_pairs(rl_setup.data)
+    val_file, problems = digits_val_pairs(rl_setup.data)
     root = tmp_path_factory.mktemp("preference")
 
     def overrides(name: str, *extra: str, out: str | None = None) -> list[str]:

@@ -64,6 +64,25 @@ def copy_hf_metadata(src: str | Path, dst: str | Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+def write_classifier_config(out_dir: str | Path) -> None:
+    """Make `out_dir`'s config.json (a language model's, copied from the source) describe a scalar-head
+    model: `<Family>ForSequenceClassification` with one label, which transformers loads with
+    `AutoModelForSequenceClassification` (weights `score.weight`) and pools at the last non-pad token —
+    so `pad_token_id` is set, from the tokenizer when the config has none."""
+    path = Path(out_dir) / "config.json"
+    config = json.loads(path.read_text())
+    architecture = (config.get("architectures") or [""])[0]
+    family = architecture.split("For")[0] if "For" in architecture else config["model_type"].capitalize()
+    config["architectures"] = [f"{family}ForSequenceClassification"]
+    config["id2label"], config["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
+    config.pop("num_labels", None)  # transformers derives it from id2label
+    if config.get("pad_token_id") is None:
+        from transformers import AutoTokenizer
+
+        config["pad_token_id"] = AutoTokenizer.from_pretrained(out_dir).pad_token_id
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def write_hf_weights(
     out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tensor]], max_shard_size: int | str = "5GB"
 ) -> None:

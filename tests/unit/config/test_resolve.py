@@ -1,6 +1,8 @@
 """Fields the config derives when left unset (auto): they follow the algorithm, the loss and the
 layout the way verl's users expect."""
 
+from pathlib import Path
+
 import pytest
 
 from megarl.config import load_config, padded_vocab_size
@@ -60,6 +62,20 @@ def test_preference_algorithms_resolve_the_reference_and_beta(name, ref, beta):
     cfg = preference_config(load_config(None, [], check_paths=False), name)  # resolved as ppo first
     assert (cfg.ref.enable, cfg.critic.enable, PreferenceSettings.from_config(cfg).beta) == (ref, False, beta)
     assert load_config(None, [f"algorithm.name={name}"], check_paths=False).ref.enable == ref
+
+
+def test_the_rm_job_starts_only_the_model_it_trains():
+    from megarl.trainer.reward_model import rm_config
+    from megarl.trainer.roles import enabled_roles
+
+    rl = load_config(None, ["reward.model_path=/rm", "algorithm.name=ppo"], check_paths=False)
+    assert {"critic", "reward"} <= set(enabled_roles(rl))
+    cfg = rm_config(rl)
+    assert cfg.algorithm.name == "rm" and enabled_roles(cfg) == ["actor"]
+    # one optimizer step per batch of pairs: the RL mini-batch size does not apply
+    quickstart = Path(__file__).resolve().parents[3] / "configs" / "quickstart_rm.yaml"
+    loaded = load_config(quickstart, ["algorithm.ppo_mini_batch_size=1024"], check_paths=False)
+    assert (loaded.algorithm.name, enabled_roles(loaded)) == ("rm", ["actor"])
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def test_rows_without_a_prompt_are_reported_and_the_rest_used(capsys, overrides,
 PREFERENCE_CONFIG = str(Path(CONFIG).parent / "quickstart_preference.yaml")
 
 
-@pytest.mark.parametrize("job", ["dpo", "kto"])
+@pytest.mark.parametrize("job", ["dpo", "kto", "rm"])
 def test_preference_data_in_the_wrong_format_names_the_file_row_and_columns(
     capsys, tiny_models, tmp_path, job
 ):

@@ -10,11 +10,19 @@ from megarl.controller.group import GroupHandle, WorkerGroup, as_handle, registe
 from megarl.controller.worker import Worker
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
-from megarl.workers.groups import ActorGroup, CriticGroup, MegatronGroup, RefGroup, RewardModelGroup
+from megarl.workers.groups import (
+    ActorGroup,
+    CriticGroup,
+    MegatronGroup,
+    RefGroup,
+    RewardModelGroup,
+    RewardTrainerGroup,
+)
 from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.reference import ReferenceWorker
 from megarl.workers.reward import RewardModelWorker
 from megarl.workers.reward_hf import HFRewardWorker
+from megarl.workers.reward_trainer import RewardTrainerWorker
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +33,7 @@ HANDLES = [
     (ReferenceWorker, RefGroup),
     (CriticWorker, CriticGroup),
     (HFRewardWorker, RewardModelGroup),
+    (RewardTrainerWorker, RewardTrainerGroup),
 ]
 
 
@@ -58,7 +67,7 @@ def test_handle_matches_its_worker_class(worker_cls, handle):
 
 
 def test_every_reward_backend_answers_the_reward_model_handle():
-    for worker_cls in (RewardModelWorker, HFRewardWorker):
+    for worker_cls in (RewardModelWorker, HFRewardWorker, RewardTrainerWorker):
         methods = registered_methods(worker_cls)
         for name, mode in registered_methods(RewardModelGroup).items():
             assert methods[name] == mode
