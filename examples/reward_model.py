@@ -29,7 +29,7 @@ def held_out_pairs(data: Path, path: Path) -> Path:
     return path
 
 
-def main(rm_steps: int = 24, steps: int = 10, out: str = "outputs/examples/reward_model", **keys) -> dict:
+def main(rm_steps: int = 40, steps: int = 10, out: str = "outputs/examples/reward_model", **keys) -> dict:
     setup = prepare("outputs/examples/task")
     val_pairs = held_out_pairs(setup.data, Path(out) / "val_pairs.parquet")
     with RewardController(setup.sft_model, name="learned_rm") as rm:  # the backbone, a fresh scalar head
@@ -44,7 +44,7 @@ def main(rm_steps: int = 24, steps: int = 10, out: str = "outputs/examples/rewar
             ActorController(setup.sft_model) as actor,
             GRPOTrainer(actor=actor, reference=ReferenceController(), reward=rm, config=config) as trainer,
         ):
-            history = [h for h in trainer.fit() if h["step"] > 0]
+            history = trainer.fit()  # step 0: the greedy validation before training
     return {"rm": rm_history, "grpo": history, "rm_model": rm.model}
 
 
@@ -54,5 +54,6 @@ if __name__ == "__main__":
     print(
         f"reward model: held-out accuracy {val[0]['val/rm/accuracy']:.2f} -> {val[-1]['val/rm/accuracy']:.2f}"
     )
-    scores = [h["reward/learned_rm/mean"] for h in run["grpo"]]
-    print(f"GRPO against it: score {scores[0]:.2f} at step 1 -> {scores[-1]:.2f} at step {len(scores)}")
+    scores = [h["reward/learned_rm/mean"] for h in run["grpo"] if h["step"] > 0]
+    val = [h["val/reward/mean"] for h in run["grpo"] if "val/reward/mean" in h]
+    print(f"GRPO against it: greedy validation score {val[0]:.2f} -> {val[-1]:.2f} after {len(scores)} steps")

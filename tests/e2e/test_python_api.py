@@ -9,6 +9,7 @@ SFT'd model and data (tests/e2e/conftest.py), so nothing is trained twice.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from pathlib import Path
 from statistics import mean
@@ -160,3 +161,79 @@ def test_dpo_ppo_makes_a_grpo_and_a_half_weighted_dpo_update_every_step(workdir)
     for key, rise in (("preference/rewards/margin", 0.2), ("preference/rewards/accuracy", 0.05)):
         assert mean(h[key] for h in last) > mean(h[key] for h in first) + rise, [h[key] for h in history]
     assert mean(h["preference/loss"] for h in last) < mean(h["preference/loss"] for h in first)
+
+
+def test_reward_model_learns_to_rank_held_out_pairs_and_grpo_against_it_raises_its_score(workdir):
+    """The RM: 40 steps of 32 pairs (seen 0.48 -> 0.91 held-out accuracy). GRPO: 32 prompts × 8 samples
+    a step, the RM's score alone (seen: greedy val score 0.09 -> 1.18 after 10 steps; the training
+    batches' mean 0.52 over the first 3 steps, 1.18 over the last 3, step-to-step spread ≈ 0.3; 16
+    prompts × 4 samples were too few for a clear rise)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from megarl.config import load_config
+    from megarl.data.preference import load_preference_pairs
+    from megarl.observe.run_files import read_metrics
+
+    grpo = {"data.train_batch_size": 32, "algorithm.ppo_mini_batch_size": 32, "reward.micro_batch_size": 32}
+    run = example("reward_model").main(
+        steps=10, **grpo, **{"logging.report": False, "trainer.save_every": -1}
+    )
+    rm = {h["step"]: h for h in run["rm"]}
+    before, after = rm[0], rm[max(rm)]
+    assert after["val/rm/accuracy"] >= 0.8  # chance is 0.5; a fresh head starts near it
+    assert after["val/rm/margin"] > 0 and after["val/rm/loss"] < before["val/rm/loss"]
+    for key in ("rm/loss", "rm/accuracy", "rm/margin", "rm/chosen", "rm/rejected", "rm/grad_norm"):
+        assert all(key in h for s, h in rm.items() if s > 0), key
+
+    # the export is a transformers sequence classifier giving megarl's held-out margin
+    export, out = Path(run["rm_model"]), workdir / "outputs/examples/reward_model"
+    model = AutoModelForSequenceClassification.from_pretrained(export, dtype=torch.float32).eval()
+    assert model.config.num_labels == 1 and model.config.architectures == ["LlamaForSequenceClassification"]
+    cfg = load_config(REPO / "configs/quickstart_rm.yaml", [f"model.path={export}"], check_paths=False)
+    pairs = load_preference_pairs(
+        [str(out / "val_pairs.parquet")], AutoTokenizer.from_pretrained(export), cfg.data, "x"
+    )
+    with torch.no_grad():
+        score = [
+            [
+                model(torch.tensor([p.prompt_ids + ids])).logits.item()
+                for ids in (p.chosen_ids, p.rejected_ids)
+            ]
+            for p in pairs
+        ]
+    margin = sum(c - r for c, r in score) / len(score)
+    assert margin == pytest.approx(after["val/rm/margin"], abs=1e-4)  # fp32, different op orders
+    assert read_metrics(out / "rm" / "metrics.jsonl")[-1]["step"] == max(rm)
+    check_rm_checkpoint(out / "rm" / "checkpoints" / f"step_{max(rm)}", export, workdir / "converted")
+
+    history = run["grpo"]
+    val = [h["val/reward/mean"] for h in history if "val/reward/mean" in h]
+    scores = [h["reward/learned_rm/mean"] for h in history if h["step"] > 0]
+    assert len(val) == 2 and val[1] > val[0] + 0.3, val  # the same prompts, greedy: seen +1.09
+    assert sum(scores[-3:]) / 3 > sum(scores[:3]) / 3, scores
+
+
+def check_rm_checkpoint(step_dir: Path, export: Path, out: Path) -> None:
+    """A reward model's checkpoint: resumable as one (not by an LM job), and `megarl convert` writes the
+    export bit for bit."""
+    from safetensors.torch import load_file
+
+    from megarl.checkpoint.format import CheckpointError
+    from megarl.checkpoint.hf_export import export_checkpoint_hf
+    from megarl.checkpoint.run import precheck_roles
+    from megarl.config import load_config
+    from megarl.trainer.reward_model import rm_config
+    from megarl.trainer.sft import sft_config
+
+    cfg = load_config(step_dir / "config.yaml", check_paths=False)
+    steps = int(step_dir.name.removeprefix("step_"))
+    precheck_roles(step_dir, rm_config(cfg), steps, ["actor"])  # what a resume checks first
+    with pytest.raises(CheckpointError, match="head scalar"):  # an LM job cannot resume into it
+        precheck_roles(step_dir, sft_config(cfg), steps, ["actor"])
+    converted = Path(export_checkpoint_hf(step_dir / "actor", out)["out"])
+    assert json.loads((converted / "config.json").read_text()) == json.loads(
+        (export / "config.json").read_text()
+    )
+    ours, theirs = load_file(converted / "model.safetensors"), load_file(export / "model.safetensors")
+    assert ours.keys() == theirs.keys() and "score.weight" in ours
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
