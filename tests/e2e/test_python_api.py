@@ -163,6 +163,28 @@ def test_dpo_ppo_makes_a_grpo_and_a_half_weighted_dpo_update_every_step(workdir)
     assert mean(h["preference/loss"] for h in last) < mean(h["preference/loss"] for h in first)
 
 
+def test_device_map_places_each_role_apart_or_together_with_the_same_step_one_metrics(workdir):
+    """Every rank runs with one thread and the same layout (TP1 × DP1 per role) on the same weights (the
+    critic's fresh value head drawn from trainer.seed), on the same micro-batches: the same operations in
+    the same order wherever a role's process runs, so the metrics are compared exactly."""
+    mod = example("device_map")
+    small = {**SMALL, "critic.micro_batch_size": 8}
+    separate = mod.main(steps=1, colocated=False, **small)
+    colocated = mod.main(steps=1, colocated=True, **small)
+    pids = separate["pids"]  # four roles, four processes: the reference left the actor's
+    assert len({pid for role in pids.values() for pid in role}) == 4, pids
+    assert colocated["pids"]["reference"] == colocated["pids"]["actor"]  # in the actor's processes
+    expected, actual = colocated["history"][0], separate["history"][0]
+    compared = assert_same_metrics(expected, actual)
+    keys = {"critic/value_loss", "actor/pg_loss", "actor/kl_loss", "reward/mean", "reward/reward_model/mean"}
+    assert keys <= set(compared)
+    # before its first update the policy is the reference: a KL of exactly 0 says the reference's own group
+    # gave the log-probs the actor's processes give, bit for bit
+    assert actual["actor/kl_loss"] == 0.0
+    logs = sorted(p.name for p in (workdir / "outputs/examples/device_map/separate/logs").iterdir())
+    assert logs == ["actor_rank0.log", "critic_rank0.log", "ref_rank0.log", "reward_rank0.log"]
+
+
 def test_reward_model_learns_to_rank_held_out_pairs_and_grpo_against_it_raises_its_score(workdir):
     """The RM: 40 steps of 32 pairs (seen 0.48 -> 0.91 held-out accuracy). GRPO: 32 prompts × 8 samples
     a step, the RM's score alone (seen: greedy val score 0.09 -> 1.18 after 10 steps; the training
