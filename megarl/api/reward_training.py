@@ -53,6 +53,7 @@ def fit_reward_model(
     }
     model = rc.model_path(Path(_output_dir(config, keys)))
     cfg = config_from(config, [settings, {"model": {"path": model}}, keys])
+    cfg.trainer.output_dir = str(Path(cfg.trainer.output_dir).resolve())  # the workers run elsewhere
     with RewardModelTrainer(cfg) as trainer:
         rc.model = trainer.fit()
     return read_metrics(Path(cfg.trainer.output_dir) / "metrics.jsonl")

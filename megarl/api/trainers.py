@@ -82,6 +82,7 @@ class ControllerTrainer(RLTrainer):
         if isinstance(overrides, dict):  # {"trainer.total_steps": 5}: applied last, like dotlist overrides
             settings, overrides = [*settings, overrides], ()
         cfg = config_from(config, settings, overrides)
+        cfg.trainer.output_dir = str(Path(cfg.trainer.output_dir).resolve())  # the workers run elsewhere
         super().__init__(cfg, roles=running, reward=sum_computer(cfg, None, rewards), stream=stream)
         try:
             self._adopt(roles)
