@@ -51,16 +51,11 @@ def fit_reward_model(
         "algorithm": {"name": "rm"},
         "data": {"train_files": files, "val_files": val},
     }
-    model = rc.model_path(Path(_output_dir(config, keys)))
+    from megarl.api.trainers import output_dir_of
+
+    model = rc.model_path(Path(output_dir_of(config, keys, default="outputs/rm")))
     cfg = config_from(config, [settings, {"model": {"path": model}}, keys])
     cfg.trainer.output_dir = str(Path(cfg.trainer.output_dir).resolve())  # the workers run elsewhere
     with RewardModelTrainer(cfg) as trainer:
         rc.model = trainer.fit()
     return read_metrics(Path(cfg.trainer.output_dir) / "metrics.jsonl")
-
-
-def _output_dir(config: Any, keys: dict[str, Any]) -> str:
-    from megarl.config.load import config_tree
-
-    tree = config_tree({**config_tree(config), **config_tree(keys)}) if keys else config_tree(config)
-    return str(tree.get("trainer", {}).get("output_dir") or "outputs/rm")

@@ -11,6 +11,7 @@ of its own, from the run's config with the controller's `reward.*` keys).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from megarl.api.controllers import ControllerError, RewardController
@@ -98,8 +99,7 @@ def start_model(rc: RewardController, cfg: MegarlConfig, pools: tuple = ()) -> A
     if rc.group is None:
         from megarl.trainer.roles import start_reward_model
 
-        output_dir = cfg.trainer.output_dir
-        keys = {"enable": True, "model_path": rc.model_path(_path(output_dir)), **rc.section()}
+        keys = {"enable": True, "model_path": rc.model_path(Path(cfg.trainer.output_dir)), **rc.section()}
         rc_cfg = config_from(cfg, [{"reward": keys}])
         group, pool = start_reward_model(rc_cfg, pools, rc.name)
         rc.adopt(group, _Stopper(group, pool))
@@ -123,9 +123,3 @@ def _fixed_source(rule: Any, source: str) -> Any:
         return rule(source, solution_str, ground_truth, extra_info)
 
     return score
-
-
-def _path(value: str) -> Any:
-    from pathlib import Path
-
-    return Path(value)

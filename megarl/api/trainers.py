@@ -76,7 +76,7 @@ class ControllerTrainer(RLTrainer):
         self._check_roles(roles)
         self.controllers = roles
         rewards = weighted(reward if reward is not None else roles.reward_models or None)
-        output_dir = Path(_output_dir(config, overrides))
+        output_dir = Path(output_dir_of(config, overrides))
         running = _running_groups(roles)
         settings = _settings(roles, output_dir, self.algorithm, running)
         if isinstance(overrides, dict):  # {"trainer.total_steps": 5}: applied last, like dotlist overrides
@@ -273,7 +273,9 @@ def _settings(roles: Roles, output_dir: Path, algorithm: dict, running: RoleGrou
     ]
 
 
-def _output_dir(config: Any, overrides: Sequence[str] | dict[str, Any]) -> str:
+def output_dir_of(
+    config: Any, overrides: Sequence[str] | dict[str, Any], default: str = "outputs/run"
+) -> str:
     """trainer.output_dir as the config will have it (in-memory models are written below it)."""
     if isinstance(overrides, dict):
         tree = config_tree(overrides)
@@ -285,4 +287,4 @@ def _output_dir(config: Any, overrides: Sequence[str] | dict[str, Any]) -> str:
         if key.strip() == "trainer.output_dir":
             return value.strip()
     tree = config_tree(config)
-    return str(tree.get("trainer", {}).get("output_dir") or "outputs/run")
+    return str(tree.get("trainer", {}).get("output_dir") or default)
