@@ -26,6 +26,7 @@ class ModelDims:
     num_hidden_layers: int
     vocab_size: int
     num_experts: int  # routed experts per MoE layer; 0 = dense model
+    max_position_embeddings: int | None = None  # the longest sequence (prompt + response) it takes
 
 
 def read_model_dims(model_path: str) -> ModelDims:
@@ -40,6 +41,9 @@ def read_model_dims(model_path: str) -> ModelDims:
         num_hidden_layers=int(hf["num_hidden_layers"]),
         vocab_size=int(hf["vocab_size"]),
         num_experts=int(experts),
+        max_position_embeddings=int(hf["max_position_embeddings"])
+        if hf.get("max_position_embeddings")
+        else None,
     )
 
 

@@ -266,6 +266,14 @@ class RolloutConfig(SamplingConfig):
     naive_reshard: bool = False
 
 
+def longest_response(rollout: RolloutConfig, max_response_length: int) -> tuple[str, int]:
+    """(the key that sets it, tokens) of the longest response the rollout engine generates, training or
+    evaluation: what, with data.max_prompt_length, the engine's sequences must hold."""
+    keys = [("rollout.max_tokens", rollout.max_tokens), ("rollout.val.max_tokens", rollout.val.max_tokens)]
+    lengths = [(key, n) if n else ("data.max_response_length", max_response_length) for key, n in keys]
+    return max(lengths, key=lambda kv: kv[1])
+
+
 @dataclass
 class FilterGroupsConfig:
     """DAPO's dynamic sampling (verl's algorithm.filter_groups): drop the groups (samples of one prompt)

@@ -12,9 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from megarl.config.data_files import DATA_SUFFIXES, directory_problem
 from megarl.errors import EXIT_USAGE, MegarlError
-
-SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 class DataError(MegarlError, ValueError):
@@ -33,13 +32,17 @@ def read_rows(path: str, config_key: str) -> list[RawRow]:
     """Every row of one parquet / jsonl / json file. A missing or unreadable file raises `DataError`
     naming `config_key` (e.g. "data.train_files")."""
     name = os.path.basename(path)
+    if directory := directory_problem(path):
+        raise DataError(f"{config_key}: {path} {directory}")
     if not os.path.isfile(path):
         raise DataError(
             f"{config_key}: {path} does not exist; fix the path ({config_key}=[path/to/train.parquet]) or "
             "create the dataset first (e.g. `megarl data make digits_sort --out DIR`)"
         )
-    if not path.endswith(SUFFIXES):
-        raise DataError(f"{config_key}: {path} has an unsupported format; use a {', '.join(SUFFIXES)} file")
+    if not path.endswith(DATA_SUFFIXES):
+        raise DataError(
+            f"{config_key}: {path} has an unsupported format; use a {', '.join(DATA_SUFFIXES)} file"
+        )
     try:
         if path.endswith(".parquet"):
             return _parquet_rows(path, name)
