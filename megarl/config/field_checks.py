@@ -40,7 +40,7 @@ def non_finite_numbers(cfg: Any) -> list[str]:
     for key, value, hint, default in _fields(cfg):
         if not _holds_float(hint) or value is None:
             continue
-        example = f"e.g. {key}={default}" if _is_number(default) else "or remove it"
+        example = f"e.g. {key}={default}" if _is_number(default) else "or null"
         if isinstance(value, dict):
             problems += [
                 f"{key}.{name}={v} is not a finite number; set a finite value or remove it"
@@ -56,7 +56,9 @@ def non_finite_numbers(cfg: Any) -> list[str]:
                     f"{key}={shown} holds {join(bad)}: every item must be a finite number; {example}"
                 )
         elif _is_number(value) and not math.isfinite(value):
-            problems.append(f"{key}={value} is not a finite number; set a finite value, {example}")
+            problems.append(
+                f"{key}={value} is not a finite number; set a finite value{',' if default is not None else ''} {example}"
+            )
     return problems
 
 

@@ -28,6 +28,12 @@ class RawRow:
     value: dict[str, Any] | str  # the row, or why it is unreadable
 
 
+def file_and_row(where: str) -> tuple[str, str]:
+    """("train.parquet", "row 7") of a RawRow's `where`."""
+    name, kind, number = where.rsplit(" ", 2)
+    return name, f"{kind} {number}"
+
+
 def read_rows(path: str, config_key: str) -> list[RawRow]:
     """Every row of one parquet / jsonl / json file. A missing or unreadable file raises `DataError`
     naming `config_key` (e.g. "data.train_files")."""

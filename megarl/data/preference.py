@@ -141,8 +141,8 @@ def _pair(where: str, row: dict, tokenizer, data: DataConfig) -> PreferencePair 
     pair = PreferencePair(
         where,
         _prompt_ids(prompt, tokenizer, data),
-        encode_response(chosen, tokenizer),
-        encode_response(rejected, tokenizer),
+        encode_response(chosen, tokenizer, data),
+        encode_response(rejected, tokenizer, data),
     )
     if pair.chosen_ids == pair.rejected_ids:
         raise ValueError(f"`{chosen_key}` and `{rejected_key}` are identical")
@@ -162,7 +162,7 @@ def _labelled(where: str, row: dict, tokenizer, data: DataConfig) -> KTOExample 
     else:
         prompt, completion = _conversation(row[completion_key], completion_key, data.prompt_key)
     example = KTOExample(
-        where, _prompt_ids(prompt, tokenizer, data), encode_response(completion, tokenizer), bool(label)
+        where, _prompt_ids(prompt, tokenizer, data), encode_response(completion, tokenizer, data), bool(label)
     )
     too_long = len(example.prompt_ids) > data.max_prompt_length
     return None if too_long or len(example.completion_ids) > data.max_response_length else example

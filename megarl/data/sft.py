@@ -21,6 +21,7 @@ import torch
 from megarl.config.schema import DataConfig
 from megarl.data.chat import Messages, as_messages, prompt_text
 from megarl.data.files import DataError, read_rows
+from megarl.data.lengths import capped_token_ids
 from megarl.protocol import Batch
 
 T = TypeVar("T")
@@ -57,12 +58,15 @@ def encode_prompt(prompt: str | Messages, tokenizer, data: DataConfig) -> list[i
     text, special = prompt_text(
         as_messages(prompt) if isinstance(prompt, list) else prompt, tokenizer, data.apply_chat_template
     )
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+    return capped_token_ids(text, tokenizer, data.max_prompt_length, special)
 
 
-def encode_response(response: str, tokenizer) -> list[int]:
-    """Token ids of a response, without special tokens, EOS appended (the policy stops there)."""
-    return list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+def encode_response(response: str, tokenizer, data: DataConfig) -> list[int]:
+    """Token ids of a response, without special tokens, EOS appended (the policy stops there). A
+    response surely longer than data.max_response_length is cut short in characters before it is
+    tokenised (`megarl.data.lengths`): its ids are still too many."""
+    ids = capped_token_ids(response, tokenizer, data.max_response_length, add_special_tokens=False)
+    return ids + [tokenizer.eos_token_id]
 
 
 def report_skipped(kind: str, problems: list[str], too_long: int, data: DataConfig) -> None:
@@ -95,7 +99,7 @@ def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key:
             except ValueError as e:
                 problems.append(f"{raw.where}: {e}")
                 continue
-            response_ids = encode_response(response, tokenizer)
+            response_ids = encode_response(response, tokenizer, data)
             if len(prompt_ids) > data.max_prompt_length or len(response_ids) > data.max_response_length:
                 too_long += 1
                 continue
