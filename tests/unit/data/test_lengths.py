@@ -40,7 +40,9 @@ def test_a_capped_text_is_tokenised_only_up_to_the_bound(tokenizer):
     assert len(encode_response(huge, tokenizer, data)) > 8
 
 
-def test_prompts_far_beyond_the_bound_are_dropped_untokenised_and_counted_per_file(tmp_path, tokenizer, caplog):
+def test_prompts_far_beyond_the_bound_are_dropped_untokenised_and_counted_per_file(
+    tmp_path, tokenizer, caplog
+):
     huge = [{"role": "user", "content": "ab " * 200_000}]  # 600 kB: 3 s and 300 MB to tokenise
     fine = [{"role": "user", "content": "1 + 1 ="}]
     a = write_jsonl(tmp_path / "a.jsonl", [{"data_source": "x", "prompt": p} for p in (fine, huge, huge)])
