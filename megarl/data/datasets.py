@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from megarl.config.schema import DataConfig
 from megarl.data.chat import Messages, as_messages, prompt_problem, prompt_text
-from megarl.data.files import DataError, RawRow, file_and_row, read_rows
+from megarl.data.files import DataError, RawRow, per_file, read_rows
 from megarl.data.lengths import char_limit
 from megarl.protocol import Batch
 
@@ -239,14 +239,9 @@ class PromptDataset:
             sizes.append(
                 f"{len(rows) - len(counted)} over {self.report.char_limit} characters, not tokenised"
             )
-        by_file: dict[str, list[str]] = {}
-        for where, _ in rows:
-            name, row = file_and_row(where)
-            by_file.setdefault(name, []).append(row)
-        files = ", ".join(f"{name}: {len(found)} ({_first(found)})" for name, found in by_file.items())
         return (
             f"{_count(len(rows), 'prompt')} longer than data.max_prompt_length={self.max_prompt_length} tokens "
-            f"({'; '.join(sizes)}) in {files}"
+            f"({'; '.join(sizes)}) in {per_file([where for where, _ in rows], _SHOWN_ROWS)}"
         )
 
     def _nothing_usable(self, prompt_key: str, too_long: str) -> str:

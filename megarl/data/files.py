@@ -34,6 +34,19 @@ def file_and_row(where: str) -> tuple[str, str]:
     return name, f"{kind} {number}"
 
 
+def per_file(wheres: list[str], shown: int = 5) -> str:
+    """Rows grouped by file, counted, the first few named: "a.jsonl: 2 (line 2, line 3), b.parquet: 1 (row 0)"."""
+    by_file: dict[str, list[str]] = {}
+    for where in wheres:
+        name, row = file_and_row(where)
+        by_file.setdefault(name, []).append(row)
+    parts = []
+    for name, rows in by_file.items():
+        more = f", ... ({len(rows) - shown} more)" if len(rows) > shown else ""
+        parts.append(f"{name}: {len(rows)} ({', '.join(rows[:shown])}{more})")
+    return ", ".join(parts)
+
+
 def read_rows(path: str, config_key: str) -> list[RawRow]:
     """Every row of one parquet / jsonl / json file. A missing or unreadable file raises `DataError`
     naming `config_key` (e.g. "data.train_files")."""

@@ -179,7 +179,9 @@ def _load(
 ) -> list[T]:
     """The usable items of `files`; the skipped rows are reported, and DataError (naming `what` was
     looked for and what rows `needs`) is raised when none is left."""
-    items, problems, too_long = [], [], 0
+    items: list[T] = []
+    problems: list[str] = []
+    too_long: list[str] = []
     for path in files:
         for raw in read_rows(path, config_key):
             try:
@@ -190,13 +192,13 @@ def _load(
                 problems.append(f"{raw.where}: {e}")
                 continue
             if item is None:
-                too_long += 1
+                too_long.append(raw.where)
             else:
                 items.append(item)
     report_skipped(kind, problems, too_long, data)
     if not items:
         raise DataError(
-            f"{config_key}: no usable {what} in {', '.join(files)} ({len(problems)} malformed, {too_long} too "
+            f"{config_key}: no usable {what} in {', '.join(files)} ({len(problems)} malformed, {len(too_long)} too "
             f"long); rows need {needs}, within the length limits"
         )
     return items
