@@ -65,3 +65,17 @@ def test_a_critic_of_its_own_is_checked_too(run, tmp_path):
         "model at critic.model_path (max_position_embeddings in its config.json); lower them to sum to at most "
         "64, e.g. data.max_prompt_length=32"
     ]
+
+
+def test_a_linear_rope_scaling_multiplies_the_positions_and_yarn_does_not(run, tmp_path):
+    linear = _write_model(
+        tmp_path / "linear", {**TINY_LLAMA, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+    )
+    cfg = load_config(QUICKSTART, [*run, f"model.path={linear}", "data.max_prompt_length=992"])
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length == 4 * POSITIONS
+    yarn = _write_model(
+        tmp_path / "yarn", {**TINY_LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    )
+    assert (
+        "exceed the 256 positions" in _problems([*run, f"model.path={yarn}", "data.max_prompt_length=992"])[0]
+    )
