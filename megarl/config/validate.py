@@ -244,6 +244,10 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
     at_least(problems, "data.max_prompt_length", d.max_prompt_length, 1, "e.g. 512 tokens")
     at_least(problems, "data.max_response_length", d.max_response_length, 1, "e.g. 512 tokens")
     at_least(problems, "data.train_batch_size", d.train_batch_size, 1, "e.g. 64 prompts")
+    if d.val_batch_size is not None:  # 0 or below would evaluate all of them, or nothing
+        at_least(
+            problems, "data.val_batch_size", d.val_batch_size, 1, "or null for all of data.val_files at once"
+        )
     at_least(problems, "data.seed", d.seed, 0, "e.g. 1")
     if check_paths and not d.train_files:
         problems.append("data.train_files is empty; set data.train_files=[path/to/train.parquet]")

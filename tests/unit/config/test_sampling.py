@@ -1,4 +1,5 @@
-"""Evaluation sampling (rollout.val.*) is checked like training rollouts' (rollout.*)."""
+"""Evaluation settings are checked like training's: rollout.val.* like rollout.*, and data.val_batch_size
+(0 would have meant all of the files, a negative size no validation at all)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ pytestmark = pytest.mark.unit
             "rollout.val.n=4",  # greedy by default
             "rollout.val.temperature=0 (greedy) makes the rollout.val.n=4 samples of a prompt identical; set "
             "rollout.val.temperature > 0 (e.g. 1.0) or rollout.val.n=1",
+        ),
+        (
+            "data.val_batch_size=0",
+            "data.val_batch_size=0 must be ≥ 1; or null for all of data.val_files at once",
+        ),
+        (
+            "data.val_batch_size=-3",
+            "data.val_batch_size=-3 must be ≥ 1; or null for all of data.val_files at once",
         ),
     ],
 )
