@@ -98,10 +98,10 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     """
     cfg = resolve_auto(cfg)
     problems = non_finite_numbers(cfg)
-    if problems:  # before the rules comparing numbers: they would blame another key (lr=nan on min_lr)
-        check_choices(cfg, problems)
-        raise ConfigError(problems)
+    stop = bool(problems)  # the rules comparing numbers would blame another key (lr=nan on min_lr)
     check_choices(cfg, problems)
+    if stop:
+        raise ConfigError(problems)
     dims = load_dims(cfg, check_paths, problems)
     _check_model(cfg, check_paths, problems)
     _check_trainer(cfg, check_paths, problems)
