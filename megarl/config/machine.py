@@ -20,6 +20,7 @@ from megarl.config.schema import MegarlConfig
 
 __all__ = ["CPUS_PER_RANK", "Machine", "check_machine", "local_ray_cpus"]
 
+_GPU_DRIVER_DEVICES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's, ROCm's
 CPUS_PER_RANK = 0.5  # the CPUs one rank's Ray bundle reserves (megarl.controller.resource_pool.ResourcePool)
 
 
@@ -35,9 +36,7 @@ class Machine:
 
     @staticmethod
     def here() -> Machine:
-        import torch
-
-        return Machine(gpus=torch.cuda.device_count(), cores=os.cpu_count() or 1)
+        return Machine(gpus=_gpus(), cores=os.cpu_count() or 1)
 
     @property
     def max_ranks(self) -> int:
@@ -50,6 +49,15 @@ class Machine:
             f"no GPU and {self.cores} CPU core{'s' if self.cores != 1 else ''}, so at most {self.max_ranks} CPU "
             f"processes (2 per core, at least 16)"
         )
+
+
+def _gpus() -> int:
+    """torch's count of this machine's GPUs; 0 without a GPU driver, without importing torch (3 s)."""
+    if not any(os.path.exists(device) for device in _GPU_DRIVER_DEVICES):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def runs_here(cfg: MegarlConfig) -> bool:
