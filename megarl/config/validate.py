@@ -102,6 +102,8 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     check_choices(cfg, problems)
     if stop:
         raise ConfigError(problems)
+    if check_paths:  # first: too many ranks is the cause of the batch-split problems it brings
+        check_machine(cfg, problems)
     dims = load_dims(cfg, check_paths, problems)
     _check_model(cfg, check_paths, problems)
     _check_trainer(cfg, check_paths, problems)
@@ -124,8 +126,6 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_logging(cfg, problems)
     _check_reward_terms(cfg, check_paths, problems)
     _check_torchrun_colocation(cfg, problems)
-    if check_paths:
-        check_machine(cfg, problems)
     if problems:
         raise ConfigError(problems)
 
