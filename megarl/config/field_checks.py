@@ -40,7 +40,6 @@ def non_finite_numbers(cfg: Any) -> list[str]:
     for key, value, hint, default in _fields(cfg):
         if not _holds_float(hint) or value is None:
             continue
-        example = f"e.g. {key}={default}" if _is_number(default) else "or null"
         if isinstance(value, dict):
             problems += [
                 f"{key}.{name}={v} is not a finite number; set a finite value or remove it"
@@ -51,14 +50,11 @@ def non_finite_numbers(cfg: Any) -> list[str]:
             bad = [v for v in value if _is_number(v) and not math.isfinite(v)]
             if bad:
                 shown = "[" + ", ".join(str(v) for v in value) + "]"
-                example = f"e.g. {key}={default}" if isinstance(default, list) else "with finite items"
-                problems.append(
-                    f"{key}={shown} holds {join(bad)}: every item must be a finite number; {example}"
-                )
+                fix = f"e.g. {key}={default}" if isinstance(default, list) else "with finite items"
+                problems.append(f"{key}={shown} holds {join(bad)}: every item must be a finite number; {fix}")
         elif _is_number(value) and not math.isfinite(value):
-            problems.append(
-                f"{key}={value} is not a finite number; set a finite value{',' if default is not None else ''} {example}"
-            )
+            fix = f", e.g. {key}={default}" if _is_number(default) else " or null"
+            problems.append(f"{key}={value} is not a finite number; set a finite value{fix}")
     return problems
 
 
