@@ -89,6 +89,31 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     return step_dir
 
 
+def resume_advice(output_dir: str | Path, resume: str) -> str:
+    """What rerunning the same command does, read from the checkpoints on disk now: the checkpoint
+    trainer.resume (auto | disable | a path) resumes from, or that the run starts afresh — the line a
+    failed run ends with."""
+    steps = step_paths(checkpoints_dir(output_dir))
+    if resume == "disable":
+        if steps:
+            return f"rerunning starts afresh (trainer.resume=disable); rerun with trainer.resume=auto to resume from {steps[-1]}"
+        return "rerunning starts afresh (trainer.resume=disable)"
+    if resume != "auto":
+        return f"rerunning resumes from trainer.resume={resume} again" + (
+            f"; rerun with trainer.resume=auto to resume from {steps[-1]}" if steps else ""
+        )
+    try:
+        step_dir = resolve_resume(resume, output_dir)
+    except MegarlError:
+        step_dir = steps[-1] if steps else None
+    if step_dir is None:
+        return (
+            f"no checkpoint was saved under {checkpoints_dir(output_dir)}, so rerunning starts from step 0 "
+            "(trainer.save_every=N saves every N steps)"
+        )
+    return f"rerun the same command to resume from {step_dir} (trainer.resume=auto)"
+
+
 RL_JOB = "rl"  # what a checkpoint without a "job" (the RL trainer's, issue 13's format) was saved by
 
 

@@ -12,7 +12,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     show = config.add_parser("show", help="print the resolved config or the validation problems")
     show.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
     show.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.parallel.tp=2")
-    show.add_argument("--no-check-paths", action="store_true", help="skip checks that need model/data files")
+    show.add_argument(
+        "--no-check-paths",
+        action="store_true",
+        help="skip checks that need model/data files or this machine's devices",
+    )
     show.set_defaults(func=show_config)
 
 

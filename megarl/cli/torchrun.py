@@ -45,12 +45,16 @@ def relaunch_with_torchrun(cfg: MegarlConfig, argv: list[str]) -> int:
         "megarl.train",
         *argv,
     ]
-    return supervise_torchrun(cmd, Path(t.output_dir) / STATUS_DIR, t.worker_timeout_s)
+    return supervise_torchrun(cmd, Path(t.output_dir) / STATUS_DIR, t.worker_timeout_s, t.resume)
 
 
-def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None = None) -> int:
-    """Run the torchrun command `cmd` whose ranks keep status files in `status_dir`; on failure print
-    the post-mortem. Returns the exit code."""
+def supervise_torchrun(
+    cmd: list[str], status_dir: Path, timeout_s: float | None = None, resume: str = "auto"
+) -> int:
+    """Run the torchrun command `cmd` whose ranks keep status files in `status_dir` (in the run's
+    output_dir); on failure print the post-mortem, ending with what a rerun with trainer.resume=`resume`
+    does. Returns the exit code."""
+    from megarl.checkpoint.run import resume_advice
     from megarl.controller.rank_status import post_mortem, read_statuses
     from megarl.distributed.launch import supervise
 
@@ -65,7 +69,8 @@ def supervise_torchrun(cmd: list[str], status_dir: Path, timeout_s: float | None
         returncode = 1  # a rank failed or died although torchrun reported success (seen when a rank
         # exits with its error before torchrun notices that a peer was killed)
     if returncode != 0:
-        message = post_mortem(status_dir, returncode, job.output_tail, timeout_s)
+        advice = resume_advice(status_dir.parent, resume)
+        message = post_mortem(status_dir, returncode, job.output_tail, timeout_s, advice)
         if job.leftovers:
             message += (
                 f"\nstopped {len(job.leftovers)} process(es) the job left behind: {', '.join(job.leftovers)}"

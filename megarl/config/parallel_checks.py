@@ -26,6 +26,9 @@ class ModelDims:
     num_hidden_layers: int
     vocab_size: int
     num_experts: int  # routed experts per MoE layer; 0 = dense model
+    # the longest sequence (prompt + response) it takes: max_position_embeddings (× a linear or dynamic
+    # RoPE scaling factor); None when config.json does not say
+    max_position_embeddings: int | None = None
 
 
 def read_model_dims(model_path: str) -> ModelDims:
@@ -40,7 +43,23 @@ def read_model_dims(model_path: str) -> ModelDims:
         num_hidden_layers=int(hf["num_hidden_layers"]),
         vocab_size=int(hf["vocab_size"]),
         num_experts=int(experts),
+        max_position_embeddings=_positions(hf),
     )
+
+
+# RoPE scalings whose max_position_embeddings already counts the scaled context (as vLLM reads them)
+_SCALED_ALREADY = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _positions(hf: dict) -> int | None:
+    """The longest sequence a config.json's model takes: max_position_embeddings, times the RoPE
+    scaling factor of the scalings that leave it unscaled (linear, dynamic), as vLLM counts it."""
+    if not hf.get("max_position_embeddings"):
+        return None
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    factor = rope.get("factor") if isinstance(rope, dict) and kind not in _SCALED_ALREADY else None
+    return int(hf["max_position_embeddings"] * (factor or 1))
 
 
 def load_dims(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> dict[str, ModelDims]:

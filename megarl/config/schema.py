@@ -206,9 +206,13 @@ class DataConfig:
     # always need it; a string prompt is wrapped as one user message first (as verl's SFT data is), or,
     # with false or a tokenizer without a template, tokenised as-is
     apply_chat_template: bool = True
-    max_prompt_length: int = 512  # tokens per prompt at most
-    # drop (and count, in one warning) prompts longer than max_prompt_length; false = stop with an error
-    # naming them. verl's default instead errors (data.truncation=error) or truncates
+    # tokens per prompt at most; with max_response_length (or the longest rollout.max_tokens) within the
+    # model's positions (max_position_embeddings of model.path's config.json), checked at load
+    max_prompt_length: int = 512
+    # drop (and count per file, in one warning) prompts longer than max_prompt_length; false = stop with
+    # an error naming them. A prompt so long in characters that it surely is too long is dropped without
+    # being tokenised (megarl.data.lengths). verl's default instead errors (data.truncation=error) or
+    # truncates
     filter_overlong_prompts: bool = True
     max_response_length: int = 512  # tokens generated per sample at most
     train_batch_size: int = 64  # prompts per training step (each sampled rollout.n times)
@@ -264,6 +268,14 @@ class RolloutConfig(SamplingConfig):
     # weight sync by full all-gather of every tensor to every rank instead of the zero-redundancy plan
     # (a baseline for benchmarks and tests)
     naive_reshard: bool = False
+
+
+def longest_response(rollout: RolloutConfig, max_response_length: int) -> tuple[str, int]:
+    """(the key that sets it, tokens) of the longest response the rollout engine generates, training or
+    evaluation: what, with data.max_prompt_length, the engine's sequences must hold."""
+    keys = [("rollout.max_tokens", rollout.max_tokens), ("rollout.val.max_tokens", rollout.val.max_tokens)]
+    lengths = [(key, n) if n else ("data.max_response_length", max_response_length) for key, n in keys]
+    return max(lengths, key=lambda kv: kv[1])
 
 
 @dataclass
@@ -412,7 +424,10 @@ class PreferenceConfig:
 @dataclass
 class TrainerConfig:
     nnodes: int = 1  # machines in the cluster
-    n_devices_per_node: int = 1  # GPUs per machine (processes per machine on CPU)
+    # GPUs per machine (processes per machine on CPU). A single-node run that starts here (torchrun, or
+    # Ray without RAY_ADDRESS) is held at load to this machine's GPUs, or without GPUs to 2 processes per
+    # core (at least 16: CPU slots are Ray bookkeeping), megarl.config.machine
+    n_devices_per_node: int = 1
     # verl's balance_batch: reorder each step's rollouts so every data-parallel rank of the actor gets
     # about the same number of real tokens (equal row counts) before the log-prob and update stages
     balance_batch: bool = True

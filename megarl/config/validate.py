@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import copy
 import os
-import typing
-from dataclasses import fields, is_dataclass
-from typing import Any, Literal
+from typing import Any
 
 from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS
 from megarl.algorithms.loss_traits import SEQUENCE_MEAN_LOSSES
+from megarl.config.data_files import DATA_SUFFIXES, directory_problem
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
+from megarl.config.field_checks import check_choices, non_finite_numbers
+from megarl.config.lengths import check_sequence_length
+from megarl.config.machine import check_machine
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.placement import Placement, check_placement
-from megarl.config.schema import MegarlConfig, OptimizerConfig
+from megarl.config.schema import MegarlConfig, OptimizerConfig, SamplingConfig
 from megarl.config.validate_algorithm import (
     PREFERENCE_ALGORITHMS,
     REFERENCE_ALGORITHMS,
@@ -32,8 +34,6 @@ from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
 
 __all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "resolve_for_run", "validate"]
-
-_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
@@ -93,11 +93,17 @@ def resolve_for_run(cfg: MegarlConfig) -> MegarlConfig:
 def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     """Raise one ConfigError listing every problem in `cfg`; return None when it is valid.
 
-    With `check_paths=False`, files are not looked for and model-dependent checks are skipped.
+    With `check_paths=False`, files are not looked for, and model-dependent checks and the check of this
+    machine's devices (`megarl.config.machine`) are skipped.
     """
     cfg = resolve_auto(cfg)
-    problems: list[str] = []
-    _check_choices(cfg, "", problems)
+    problems = non_finite_numbers(cfg)
+    stop = bool(problems)  # the rules comparing numbers would blame another key (lr=nan on min_lr)
+    check_choices(cfg, problems)
+    if stop:
+        raise ConfigError(problems)
+    if check_paths:  # first: too many ranks is the cause of the batch-split problems it brings
+        check_machine(cfg, problems)
     dims = load_dims(cfg, check_paths, problems)
     _check_model(cfg, check_paths, problems)
     _check_trainer(cfg, check_paths, problems)
@@ -113,6 +119,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
         _check_optimizer(cfg, f"{role}.optimizer", getattr(cfg, role).optimizer, problems)
     _check_rollout(cfg, dims.get("actor"), problems)
     _check_data(cfg, check_paths, problems)
+    check_sequence_length(cfg, dims, problems)
     check_algorithm(cfg, problems)
     trained = {r: layout for r, layout in layouts.items() if layout and r in ("actor", "critic")}
     _check_batches(cfg, trained, problems)
@@ -133,36 +140,6 @@ def _layout_roles(cfg: MegarlConfig, plan: Placement | None) -> list[str]:
     return ["actor"] + [
         r for r in ("ref", "critic", "reward") if getattr(cfg, r).enable and (r != "ref" or ref_own)
     ]
-
-
-def _choices_of(tp: Any) -> tuple[tuple[Any, ...], bool]:
-    """(allowed values, is_list) of a Literal / Literal | None / list[Literal] type; () when not a choice."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return typing.get_args(tp), False
-    if origin is list:
-        return _choices_of(typing.get_args(tp)[0])[0], True
-    for arg in typing.get_args(tp):
-        if typing.get_origin(arg) is Literal:
-            return typing.get_args(arg), False
-    return (), False
-
-
-def _check_choices(obj: Any, prefix: str, problems: list[str]) -> None:
-    """Every Literal-typed field holds an allowed value (configs built in Python skip omegaconf's check)."""
-    hints = typing.get_type_hints(type(obj))
-    for f in fields(obj):
-        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
-        if is_dataclass(value):
-            _check_choices(value, f"{key}.", problems)
-            continue
-        allowed, is_list = _choices_of(hints[f.name])
-        if not allowed or value is None:
-            continue
-        for item in value if is_list else [value]:
-            if item not in allowed:
-                where = f"{key} contains {item!r}" if is_list else f"{key}={item!r}"
-                problems.append(f"{where}, which is not allowed; use one of {join(allowed)}")
 
 
 def _check_model(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:
@@ -228,18 +205,8 @@ def check_optimizer(key: str, o: OptimizerConfig, problems: list[str]) -> None:
 def _check_rollout(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str]) -> None:
     r = cfg.rollout
     problems += GenerationPlan.check(cfg.actor.parallel, r.tp, dims.num_key_value_heads if dims else None)
-    at_least(problems, "rollout.n", r.n, 1, "e.g. 1, or 8 for GRPO")
-    if (
-        at_least(problems, "rollout.temperature", r.temperature, 0, "e.g. 1.0")
-        and r.temperature == 0
-        and r.n > 1
-    ):
-        problems.append(
-            f"rollout.temperature=0 (greedy) makes the rollout.n={r.n} samples of a prompt identical; "
-            "set rollout.temperature > 0 (e.g. 1.0) or rollout.n=1"
-        )
-    in_range(problems, "rollout.top_p", r.top_p, "(0, 1]", 0 < r.top_p <= 1, "e.g. 1.0 to disable")
-    at_least(problems, "rollout.top_k", r.top_k, -1, "use -1 to disable")
+    for key, sampling in (("rollout", r), ("rollout.val", r.val)):
+        _check_sampling(key, sampling, problems)
     at_least(problems, "rollout.max_num_seqs", r.max_num_seqs, 1, "e.g. 256")
     ok = 0 < r.gpu_memory_utilization <= 1
     in_range(problems, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, "(0, 1]", ok, "e.g. 0.5")
@@ -252,11 +219,22 @@ def _check_rollout(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str
             "or null to use the fraction",
         )
     at_least(problems, "rollout.reshard_bucket_mib", r.reshard_bucket_mib, 1, "e.g. 256")
-    for key, sampling in (("rollout", r), ("rollout.val", r.val)):
-        if sampling.max_tokens is not None:
-            at_least(
-                problems, f"{key}.max_tokens", sampling.max_tokens, 1, "or null for data.max_response_length"
-            )
+
+
+def _check_sampling(key: str, s: SamplingConfig, problems: list[str]) -> None:
+    """One generation call's sampling settings: training rollouts' (`rollout`) or evaluation's (`rollout.val`)."""
+    at_least(problems, f"{key}.n", s.n, 1, "e.g. 1, or 8 for GRPO" if key == "rollout" else "e.g. 1")
+    if at_least(problems, f"{key}.temperature", s.temperature, 0, "e.g. 1.0, or 0 for greedy") and (
+        s.temperature == 0 and s.n > 1
+    ):
+        problems.append(
+            f"{key}.temperature=0 (greedy) makes the {key}.n={s.n} samples of a prompt identical; "
+            f"set {key}.temperature > 0 (e.g. 1.0) or {key}.n=1"
+        )
+    in_range(problems, f"{key}.top_p", s.top_p, "(0, 1]", 0 < s.top_p <= 1, "e.g. 1.0 to disable")
+    at_least(problems, f"{key}.top_k", s.top_k, -1, "use -1 to disable")
+    if s.max_tokens is not None:
+        at_least(problems, f"{key}.max_tokens", s.max_tokens, 1, "or null for data.max_response_length")
 
 
 def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> None:
@@ -266,14 +244,20 @@ def _check_data(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> No
     at_least(problems, "data.max_prompt_length", d.max_prompt_length, 1, "e.g. 512 tokens")
     at_least(problems, "data.max_response_length", d.max_response_length, 1, "e.g. 512 tokens")
     at_least(problems, "data.train_batch_size", d.train_batch_size, 1, "e.g. 64 prompts")
+    if d.val_batch_size is not None:  # 0 or below would evaluate all of them, or nothing
+        at_least(
+            problems, "data.val_batch_size", d.val_batch_size, 1, "or null for all of data.val_files at once"
+        )
     at_least(problems, "data.seed", d.seed, 0, "e.g. 1")
     if check_paths and not d.train_files:
         problems.append("data.train_files is empty; set data.train_files=[path/to/train.parquet]")
     for name in ("train_files", "val_files"):
         for i, path in enumerate(getattr(d, name)):
             key = f"data.{name}[{i}]={path}"
-            if not path.endswith(_DATA_SUFFIXES):
-                problems.append(f"{key} has an unsupported format; use a {', '.join(_DATA_SUFFIXES)} file")
+            if not path.endswith(DATA_SUFFIXES):
+                problems.append(f"{key} has an unsupported format; use a {', '.join(DATA_SUFFIXES)} file")
+            elif check_paths and (directory := directory_problem(path)):
+                problems.append(f"{key} {directory}")
             elif check_paths and not os.path.isfile(path):
                 problems.append(f"{key} does not exist; fix the path or create the dataset first")
 

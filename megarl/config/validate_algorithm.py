@@ -131,6 +131,8 @@ def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
             f"reward.backend=hf runs the classifier data-parallel only, but reward.parallel has tp={r.parallel.tp}, "
             f"pp={r.parallel.pp}, cp={r.parallel.cp}; set them to 1 or use reward.backend=megatron"
         )
+    if r.enable and r.backend == "hf":
+        at_least(problems, "reward.max_length", r.max_length, 1, "e.g. 512 tokens")
     if r.enable and r.backend == "megatron" and r.kind != "classifier":
         problems.append(
             f"reward.kind={r.kind} needs reward.backend=hf (a sentence-embedding model runs in transformers)"

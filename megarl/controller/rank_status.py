@@ -25,7 +25,6 @@ from megarl.atomic_write import write_text_atomically
 from megarl.observe.worker_logs import LOGS_DIR
 
 STATUS_DIR = "status"
-RESUME_ADVICE = "rerun the same command to resume from the last checkpoint (trainer.resume=auto)"
 
 
 class RankStatus:
@@ -127,18 +126,22 @@ def _pid_alive(pid: int) -> bool:
 
 
 def post_mortem(
-    directory: str | os.PathLike, returncode: int, output: str = "", timeout_s: float | None = None
+    directory: str | os.PathLike,
+    returncode: int,
+    output: str = "",
+    timeout_s: float | None = None,
+    resume_advice: str = "",
 ) -> str:
     """One message about a failed SPMD job: which rank died or hung (host, pid, role, the call it was
     in, the signal torchrun reported), what the other ranks were doing, where each rank's output is
-    (`<output_dir>/logs`, beside `directory`), and how to resume."""
+    (`<output_dir>/logs`, beside `directory`), and `resume_advice`: what a rerun does
+    (megarl.checkpoint.run.resume_advice, read once the job has ended)."""
     statuses = read_statuses(directory)
     failures, root = torchrun_failures(output)
     lines = [f"the torchrun job failed (exit code {returncode})."]
     if not statuses:
         lines.append(f"no rank wrote a status file under {directory}: the ranks died before the run started")
-        lines.append(RESUME_ADVICE)
-        return "\n".join(lines)
+        return "\n".join(lines + [resume_advice] if resume_advice else lines)
     waited = [s for s in statuses if s["state"] == "failed" and _TIMED_OUT.search(s["error"] or "")]
     culprits, others = [], []
     for s in statuses:
@@ -175,7 +178,8 @@ def post_mortem(
     logs = sorted(Path(directory).parent.joinpath(LOGS_DIR).glob("*_rank*.log"))
     if logs:
         lines.append(f"each rank's output: {', '.join(map(str, logs))}")
-    lines.append(RESUME_ADVICE)
+    if resume_advice:
+        lines.append(resume_advice)
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from megarl.config.machine import CPUS_PER_RANK
 from megarl.errors import EXIT_USAGE, MegarlError
 
 
@@ -117,7 +118,7 @@ class ResourcePool:
         self,
         nodes: list[int],
         use_gpu: bool | None = None,
-        cpus_per_rank: float = 0.5,
+        cpus_per_rank: float = CPUS_PER_RANK,
         name: str = "megarl",
         max_colocate: int = 4,
         ready_timeout_s: float = 60.0,
@@ -142,8 +143,8 @@ class ResourcePool:
                 remove_placement_group(pg)
             raise ResourcePoolError(
                 f"pool {name!r} ({nodes} x {bundle}) was not placed within {ready_timeout_s:.0f}s; "
-                f"the cluster has {ray.available_resources()} free. Use fewer devices per node, a "
-                "smaller cpus_per_rank, or start Ray with more CPUs/GPUs"
+                f"the cluster has {ray.available_resources()} free. Lower trainer.n_devices_per_node (or the "
+                "roles' n_devices), or add nodes or GPUs to the cluster"
             ) from None
         self._placements = _placements(groups)
         self._groups = groups

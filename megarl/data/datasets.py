@@ -6,7 +6,8 @@ string; the column is `data.prompt_key`), `ability`, `reward_model` ({style, gro
 load time (`megarl.data.chat` says how templates apply), and keeps the usable rows:
 
 - a malformed row (no prompt, wrong type, empty) is skipped and reported with its file and row;
-- a prompt longer than `data.max_prompt_length` tokens is dropped and counted (one warning line);
+- a prompt longer than `data.max_prompt_length` tokens is dropped and counted per file (one warning
+  line); one so long in characters that it surely is (`megarl.data.lengths`) is dropped untokenised;
 - only when no row at all is usable does loading stop, with a `DataError` saying why and how to fix it.
 
 `dataset.batch(indices)` is what the rollout consumes: `prompts` [B, P] long, left-padded with the pad id
@@ -30,7 +31,8 @@ from transformers import PreTrainedTokenizerBase
 
 from megarl.config.schema import DataConfig
 from megarl.data.chat import Messages, as_messages, prompt_problem, prompt_text
-from megarl.data.files import DataError, RawRow, read_rows
+from megarl.data.files import DataError, RawRow, per_file, read_rows
+from megarl.data.lengths import char_limit
 from megarl.protocol import Batch
 
 __all__ = ["DataError", "DataReport", "PromptDataset", "PromptRow"]
@@ -63,11 +65,17 @@ class DataReport:
     rows_read: int = 0
     kept: int = 0
     malformed: dict[str, list[str]] = field(default_factory=dict)  # problem -> rows ("file row N")
-    too_long: list[tuple[str, int]] = field(default_factory=list)  # (row, token count)
+    # (row, token count): None for a prompt longer than char_limit characters, dropped untokenised
+    too_long: list[tuple[str, int | None]] = field(default_factory=list)
+    char_limit: int = 0  # characters beyond which a prompt is surely too long (megarl.data.lengths)
 
     @property
     def n_malformed(self) -> int:
         return sum(len(rows) for rows in self.malformed.values())
+
+    def needed_prompt_length(self, max_prompt_length: int) -> int:
+        """The data.max_prompt_length that would keep every too-long prompt, or a lower bound of it."""
+        return max((n or max_prompt_length + 1 for _, n in self.too_long), default=max_prompt_length)
 
 
 class PromptDataset:
@@ -182,28 +190,32 @@ class PromptDataset:
                 texts.append(prompt_text(_plain(prompt), tokenizer, apply))
             except ValueError as e:
                 raise DataError(f"{self.config_key}: {raw.where}: {e}") from None
+        self.report.char_limit = char_limit(tokenizer, self.max_prompt_length)
         ids: list[list[int] | None] = [None] * len(texts)
         for special in (True, False):  # one tokenizer call per flavour: fast tokenizers batch well
-            picked = [i for i, (_, s) in enumerate(texts) if s == special]
+            picked = [
+                i
+                for i, (text, s) in enumerate(texts)
+                if s == special and len(text) <= self.report.char_limit  # longer: dropped untokenised
+            ]
             if picked:
                 encoded = tokenizer([texts[i][0] for i in picked], add_special_tokens=special)["input_ids"]
                 for i, row_ids in zip(picked, encoded):
                     ids[i] = list(row_ids)
         rows = []
         for (raw, prompt), (text, _), row_ids in zip(candidates, texts, ids):
-            assert row_ids is not None
-            if len(row_ids) > self.max_prompt_length:
-                self.report.too_long.append((raw.where, len(row_ids)))
+            if row_ids is None or len(row_ids) > self.max_prompt_length:
+                self.report.too_long.append((raw.where, None if row_ids is None else len(row_ids)))
                 continue
             rows.append(_row(raw, prompt, text, row_ids))
         return rows
 
     def _report(self, prompt_key: str, filter_overlong: bool) -> None:
         r, key = self.report, self.config_key
-        too_long = self._too_long_phrase()
+        too_long, needed = self._too_long_phrase(), r.needed_prompt_length(self.max_prompt_length)
         if r.too_long and not filter_overlong:
             raise DataError(
-                f"{key}: {too_long}; raise data.max_prompt_length to at least {max(n for _, n in r.too_long)} "
+                f"{key}: {too_long}; raise data.max_prompt_length to at least {needed} "
                 "or set data.filter_overlong_prompts=true to drop them"
             )
         if not self.rows:
@@ -217,13 +229,19 @@ class PromptDataset:
             log.warning("%s: dropped %s; raise data.max_prompt_length to keep them", key, too_long)
 
     def _too_long_phrase(self) -> str:
+        """How many prompts were too long, how long, and which, per file."""
         rows = self.report.too_long
         if not rows:
             return ""
-        longest = max(n for _, n in rows)
+        counted = [n for _, n in rows if n is not None]
+        sizes = [f"longest {max(counted)}"] if counted else []
+        if len(counted) < len(rows):
+            sizes.append(
+                f"{len(rows) - len(counted)} over {self.report.char_limit} characters, not tokenised"
+            )
         return (
             f"{_count(len(rows), 'prompt')} longer than data.max_prompt_length={self.max_prompt_length} tokens "
-            f"(longest {longest}: {_first([w for w, _ in rows])})"
+            f"({'; '.join(sizes)}) in {per_file([where for where, _ in rows], _SHOWN_ROWS)}"
         )
 
     def _nothing_usable(self, prompt_key: str, too_long: str) -> str:
@@ -242,7 +260,9 @@ class PromptDataset:
             )
         if too_long:
             found.append(too_long)
-            fixes.append(f"raise data.max_prompt_length to at least {max(n for _, n in r.too_long)}")
+            fixes.append(
+                f"raise data.max_prompt_length to at least {r.needed_prompt_length(self.max_prompt_length)}"
+            )
         return (
             f"{self.config_key}: no usable prompt in {names} ({r.rows_read} rows read): {'; '.join(found)}. "
             f"Fix: {'; '.join(fixes)}"

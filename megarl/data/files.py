@@ -12,9 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from megarl.config.data_files import DATA_SUFFIXES, directory_problem
 from megarl.errors import EXIT_USAGE, MegarlError
-
-SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 class DataError(MegarlError, ValueError):
@@ -29,17 +28,40 @@ class RawRow:
     value: dict[str, Any] | str  # the row, or why it is unreadable
 
 
+def file_and_row(where: str) -> tuple[str, str]:
+    """("train.parquet", "row 7") of a RawRow's `where`."""
+    name, kind, number = where.rsplit(" ", 2)
+    return name, f"{kind} {number}"
+
+
+def per_file(wheres: list[str], shown: int = 5) -> str:
+    """Rows grouped by file, counted, the first few named: "a.jsonl: 2 (line 2, line 3), b.parquet: 1 (row 0)"."""
+    by_file: dict[str, list[str]] = {}
+    for where in wheres:
+        name, row = file_and_row(where)
+        by_file.setdefault(name, []).append(row)
+    parts = []
+    for name, rows in by_file.items():
+        more = f", ... ({len(rows) - shown} more)" if len(rows) > shown else ""
+        parts.append(f"{name}: {len(rows)} ({', '.join(rows[:shown])}{more})")
+    return ", ".join(parts)
+
+
 def read_rows(path: str, config_key: str) -> list[RawRow]:
     """Every row of one parquet / jsonl / json file. A missing or unreadable file raises `DataError`
     naming `config_key` (e.g. "data.train_files")."""
     name = os.path.basename(path)
+    if directory := directory_problem(path):
+        raise DataError(f"{config_key}: {path} {directory}")
     if not os.path.isfile(path):
         raise DataError(
             f"{config_key}: {path} does not exist; fix the path ({config_key}=[path/to/train.parquet]) or "
             "create the dataset first (e.g. `megarl data make digits_sort --out DIR`)"
         )
-    if not path.endswith(SUFFIXES):
-        raise DataError(f"{config_key}: {path} has an unsupported format; use a {', '.join(SUFFIXES)} file")
+    if not path.endswith(DATA_SUFFIXES):
+        raise DataError(
+            f"{config_key}: {path} has an unsupported format; use a {', '.join(DATA_SUFFIXES)} file"
+        )
     try:
         if path.endswith(".parquet"):
             return _parquet_rows(path, name)

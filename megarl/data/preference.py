@@ -141,8 +141,8 @@ def _pair(where: str, row: dict, tokenizer, data: DataConfig) -> PreferencePair 
     pair = PreferencePair(
         where,
         _prompt_ids(prompt, tokenizer, data),
-        encode_response(chosen, tokenizer),
-        encode_response(rejected, tokenizer),
+        encode_response(chosen, tokenizer, data),
+        encode_response(rejected, tokenizer, data),
     )
     if pair.chosen_ids == pair.rejected_ids:
         raise ValueError(f"`{chosen_key}` and `{rejected_key}` are identical")
@@ -162,7 +162,7 @@ def _labelled(where: str, row: dict, tokenizer, data: DataConfig) -> KTOExample 
     else:
         prompt, completion = _conversation(row[completion_key], completion_key, data.prompt_key)
     example = KTOExample(
-        where, _prompt_ids(prompt, tokenizer, data), encode_response(completion, tokenizer), bool(label)
+        where, _prompt_ids(prompt, tokenizer, data), encode_response(completion, tokenizer, data), bool(label)
     )
     too_long = len(example.prompt_ids) > data.max_prompt_length
     return None if too_long or len(example.completion_ids) > data.max_response_length else example
@@ -179,7 +179,9 @@ def _load(
 ) -> list[T]:
     """The usable items of `files`; the skipped rows are reported, and DataError (naming `what` was
     looked for and what rows `needs`) is raised when none is left."""
-    items, problems, too_long = [], [], 0
+    items: list[T] = []
+    problems: list[str] = []
+    too_long: list[str] = []
     for path in files:
         for raw in read_rows(path, config_key):
             try:
@@ -190,13 +192,13 @@ def _load(
                 problems.append(f"{raw.where}: {e}")
                 continue
             if item is None:
-                too_long += 1
+                too_long.append(raw.where)
             else:
                 items.append(item)
     report_skipped(kind, problems, too_long, data)
     if not items:
         raise DataError(
-            f"{config_key}: no usable {what} in {', '.join(files)} ({len(problems)} malformed, {too_long} too "
+            f"{config_key}: no usable {what} in {', '.join(files)} ({len(problems)} malformed, {len(too_long)} too "
             f"long); rows need {needs}, within the length limits"
         )
     return items

@@ -12,6 +12,7 @@ The tokenisation (`encode_prompt`, `encode_response`), the report of skipped row
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,10 +21,12 @@ import torch
 
 from megarl.config.schema import DataConfig
 from megarl.data.chat import Messages, as_messages, prompt_text
-from megarl.data.files import DataError, read_rows
+from megarl.data.files import DataError, per_file, read_rows
+from megarl.data.lengths import capped_token_ids
 from megarl.protocol import Batch
 
 T = TypeVar("T")
+log = logging.getLogger("megarl.data")
 
 
 @dataclass(frozen=True)
@@ -57,32 +60,41 @@ def encode_prompt(prompt: str | Messages, tokenizer, data: DataConfig) -> list[i
     text, special = prompt_text(
         as_messages(prompt) if isinstance(prompt, list) else prompt, tokenizer, data.apply_chat_template
     )
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+    return capped_token_ids(text, tokenizer, data.max_prompt_length, special)
 
 
-def encode_response(response: str, tokenizer) -> list[int]:
-    """Token ids of a response, without special tokens, EOS appended (the policy stops there)."""
-    return list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+def encode_response(response: str, tokenizer, data: DataConfig) -> list[int]:
+    """Token ids of a response, without special tokens, EOS appended (the policy stops there). A
+    response surely longer than data.max_response_length is cut short in characters before it is
+    tokenised (`megarl.data.lengths`): its ids are still too many."""
+    ids = capped_token_ids(response, tokenizer, data.max_response_length, add_special_tokens=False)
+    return ids + [tokenizer.eos_token_id]
 
 
-def report_skipped(kind: str, problems: list[str], too_long: int, data: DataConfig) -> None:
-    """One print per category of skipped rows: the malformed ones (the first 5, with file and row) and
-    the count of over-long ones."""
+def report_skipped(kind: str, problems: list[str], too_long: list[str], data: DataConfig) -> None:
+    """One warning per category of skipped rows: the malformed ones (the first 5, with file and row) and
+    the over-long ones (counted per file)."""
     if problems:
         shown = "\n  ".join(problems[:5])
-        print(f"megarl {kind}: skipped {len(problems)} malformed row(s):\n  {shown}", flush=True)
+        log.warning("megarl %s: skipped %d malformed row(s):\n  %s", kind, len(problems), shown)
     if too_long:
-        print(
-            f"megarl {kind}: skipped {too_long} row(s) longer than data.max_prompt_length="
-            f"{data.max_prompt_length} / data.max_response_length={data.max_response_length}",
-            flush=True,
+        log.warning(
+            "megarl %s: skipped %d row(s) longer than data.max_prompt_length=%d / data.max_response_length=%d "
+            "in %s",
+            kind,
+            len(too_long),
+            data.max_prompt_length,
+            data.max_response_length,
+            per_file(too_long),
         )
 
 
 def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key: str) -> list[SFTExample]:
     """Every usable row of `files`; rows that are malformed or longer than the length limits are
     reported once (file and row), and DataError is raised when none is left."""
-    examples, problems, too_long = [], [], 0
+    examples: list[SFTExample] = []
+    problems: list[str] = []
+    too_long: list[str] = []
     for path in files:
         for raw in read_rows(path, config_key):
             split = _split(raw.value, data) if isinstance(raw.value, dict) else raw.value
@@ -95,15 +107,15 @@ def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key:
             except ValueError as e:
                 problems.append(f"{raw.where}: {e}")
                 continue
-            response_ids = encode_response(response, tokenizer)
+            response_ids = encode_response(response, tokenizer, data)
             if len(prompt_ids) > data.max_prompt_length or len(response_ids) > data.max_response_length:
-                too_long += 1
+                too_long.append(raw.where)
                 continue
             examples.append(SFTExample(raw.where, prompt_ids, response_ids))
     report_skipped("sft", problems, too_long, data)
     if not examples:
         raise DataError(
-            f"{config_key}: no usable SFT rows in {', '.join(files)} ({len(problems)} malformed, {too_long} too "
+            f"{config_key}: no usable SFT rows in {', '.join(files)} ({len(problems)} malformed, {len(too_long)} too "
             "long); rows need prompt/response columns or a messages list, within the length limits"
         )
     return examples

@@ -13,6 +13,7 @@ output included, goes to the file.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -57,8 +58,13 @@ def redirect_output(path: str | os.PathLike, keep_console: bool = False) -> None
 
 def rank_output_to_log(output_dir: str | os.PathLike, rank: int) -> None:
     """A torchrun rank (every role in one process): its output to `<output_dir>/logs/actor_rank<r>.log`,
-    megarl's own lines and errors still to the console."""
+    megarl's own lines and errors still to the console; rank 0's megarl warnings (what loading the data
+    skipped) to the console as well, once for the job as under Ray, where the driver prints them."""
     redirect_output(log_file(logs_dir(output_dir), "actor", rank), keep_console=True)
+    if rank == 0:
+        handler = logging.StreamHandler(console_errors())
+        handler.setLevel(logging.WARNING)
+        logging.getLogger("megarl").addHandler(handler)
 
 
 def console() -> TextIO:

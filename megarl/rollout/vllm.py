@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.config.roles import RolloutSpec
-from megarl.config.schema import SamplingConfig
+from megarl.config.schema import SamplingConfig, longest_response
 from megarl.distributed.platform import platform
 from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
@@ -186,7 +186,7 @@ class VLLMRollout(Rollout):
         """`vllm.LLM`'s arguments for this spec (JSON values), less the executor backend: what a
         standalone engine needs to run exactly as this one does (`megarl bench rollout`)."""
         cfg, r = self.cfg, self.cfg.rollout
-        longest = max(t or cfg.max_response_length for t in (r.max_tokens, r.val.max_tokens))
+        _, longest = longest_response(r, cfg.max_response_length)
         return dict(
             model=cfg.model.path,
             tokenizer=cfg.model.tokenizer_path or cfg.model.path,

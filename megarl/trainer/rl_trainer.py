@@ -27,10 +27,10 @@ from typing import Any, TextIO
 import torch
 
 from megarl.algorithms.aggregate import masked_mean
-from megarl.checkpoint.run import RL_JOB, ResumeError, capture_rng, restore_rng, save_due
+from megarl.checkpoint.run import RL_JOB, ResumeError, capture_rng, restore_rng, resume_advice, save_due
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_for_run
-from megarl.controller.rank_status import RANK_STATUS, RESUME_ADVICE
+from megarl.controller.rank_status import RANK_STATUS
 from megarl.controller.worker import WorkerError
 from megarl.observe.run_files import read_metrics
 from megarl.protocol import Batch, Col
@@ -169,7 +169,8 @@ class RLTrainer(SessionTrainer):
             return metrics
         except WorkerError as e:  # the group's processes are already stopped
             raise WorkerError(
-                f"step {step}, stage {stage or self.flow.current or 'train_step'}: {e}\n{RESUME_ADVICE}",
+                f"step {step}, stage {stage or self.flow.current or 'train_step'}: {e}\n"
+                + resume_advice(self.output_dir, self.cfg.trainer.resume),
                 e.role,
                 e.rank,
                 e.host,

@@ -43,7 +43,10 @@ def test_a_hung_rank_times_out_the_others_and_is_named(tmp_path):
     assert (
         lines[2] == "the other ranks:" and "rank 0 on" in lines[3] and "Timed out waiting 5000ms" in lines[3]
     )
-    assert "rerun the same command to resume from the last checkpoint (trainer.resume=auto)" in message
+    assert (  # the job saved no checkpoint: no resume is promised
+        f"no checkpoint was saved under {tmp_path / 'checkpoints'}, so rerunning starts from step 0 "
+        "(trainer.save_every=N saves every N steps)"
+    ) in message
     assert _status(tmp_path, 0)["state"] == "failed" and _status(tmp_path, 1)["in_call"]
     assert not [p for p in _helpers(tmp_path) if psutil.pid_exists(p)]
 

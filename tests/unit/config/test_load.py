@@ -385,7 +385,12 @@ def test_tiny_model_quickstart_passes_and_resolves_auto_fields(tiny_run):
 
 def test_ppo_llama_8b_layout_fits_llama3_8b(tmp_path):
     llama3 = dict(
-        TINY_LLAMA, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256
+        TINY_LLAMA,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_hidden_layers=32,
+        vocab_size=128256,
+        max_position_embeddings=8192,
     )
     model = _write_model(tmp_path / "llama3_8b", llama3)
     (tmp_path / "train.parquet").touch()

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from megarl.controller.rank_status import (
-    RESUME_ADVICE,
     RankStatus,
     post_mortem,
     read_statuses,
@@ -68,7 +67,8 @@ def test_parses_torchrun_failure_report():
 def test_killed_rank_is_named_with_its_signal_and_call(tmp_path):
     _status(tmp_path, 0, role="actor", method="actor.update", in_call=True, step=2)
     _status(tmp_path, 1, role="actor", method="actor.update", in_call=True, step=2)
-    message = post_mortem(tmp_path, 1, TORCHRUN_REPORT)
+    advice = "rerun the same command to resume from RUN/checkpoints/step_2 (trainer.resume=auto)"
+    message = post_mortem(tmp_path, 1, TORCHRUN_REPORT, resume_advice=advice)
     lines = message.splitlines()
     assert (
         lines[1]
@@ -78,7 +78,7 @@ def test_killed_rank_is_named_with_its_signal_and_call(tmp_path):
         "the other ranks:",
         f"  rank 0 on node1 (pid {DEAD_PID}, role actor) was stopped by torchrun in actor.update (step 2)",
     ]
-    assert lines[-1] == RESUME_ADVICE
+    assert lines[-1] == advice
 
 
 def test_hung_rank_is_told_apart_from_the_one_that_timed_out(tmp_path):

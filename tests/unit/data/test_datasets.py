@@ -126,7 +126,7 @@ def test_no_usable_row_raises_with_counts_rows_and_fixes(tmp_path, tokenizer):
     assert str(info.value) == (
         f"data.train_files: no usable prompt in {a}, {b} (8 rows read): 7 rows: no 'prompt' field "
         "(a.parquet row 0, a.parquet row 1, a.parquet row 2, a.parquet row 3, a.parquet row 4, ... (2 more)); "
-        f"1 prompt longer than data.max_prompt_length=16 tokens (longest {longest}: b.jsonl line 1). Fix: give "
+        f"1 prompt longer than data.max_prompt_length=16 tokens (longest {longest}) in b.jsonl: 1 (line 1). Fix: give "
         "every row a 'prompt' (a chat list of {role, content} or a non-empty string; set data.prompt_key if the "
         f"column has another name); raise data.max_prompt_length to at least {longest}"
     )
@@ -138,8 +138,8 @@ def test_all_prompts_too_long_raises(gsm8k_file, tokenizer):
         PromptDataset([gsm8k_file], tokenizer, 5)
     assert str(info.value) == (
         f"data.train_files: no usable prompt in {gsm8k_file} (3 rows read): 3 prompts longer than "
-        f"data.max_prompt_length=5 tokens (longest {max(lengths)}: train.parquet row 0, train.parquet row 1, "
-        f"train.parquet row 2). Fix: raise data.max_prompt_length to at least {max(lengths)}"
+        f"data.max_prompt_length=5 tokens (longest {max(lengths)}) in train.parquet: 3 (row 0, row 1, row 2). "
+        f"Fix: raise data.max_prompt_length to at least {max(lengths)}"
     )
 
 
@@ -154,7 +154,8 @@ def test_overlong_prompts_are_dropped_and_counted_in_one_warning(gsm8k_file, tok
     assert ds.report.too_long == dropped and len(dropped) == 1
     assert [r.getMessage() for r in caplog.records] == [
         f"data.train_files: dropped 1 prompt longer than data.max_prompt_length={limit} tokens "
-        f"(longest {max(lengths)}: {', '.join(w for w, _ in dropped)}); raise data.max_prompt_length to keep them"
+        f"(longest {max(lengths)}) in train.parquet: 1 ({dropped[0][0].removeprefix('train.parquet ')}); "
+        "raise data.max_prompt_length to keep them"
     ]
 
 

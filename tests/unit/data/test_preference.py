@@ -102,7 +102,7 @@ def test_kto_rows_accept_bool_and_0_1_labels_and_implicit_prompts(tmp_path, toke
     assert examples[4].completion_ids == response_ids(tokenizer, "34")
 
 
-def test_malformed_pairs_are_reported_with_file_and_row_and_skipped(tmp_path, tokenizer, capsys):
+def test_malformed_pairs_are_reported_with_file_and_row_and_skipped(tmp_path, tokenizer, caplog):
     rows = [
         {"prompt": "sort 21", "chosen": "12"},
         {"chosen": [user("a"), assistant("1")], "rejected": [user("b"), assistant("2")]},
@@ -114,7 +114,7 @@ def test_malformed_pairs_are_reported_with_file_and_row_and_skipped(tmp_path, to
     ]
     pairs = load_preference_pairs([write_jsonl(tmp_path / "p.jsonl", rows)], tokenizer, DATA, "k")
     assert [p.where for p in pairs] == ["p.jsonl line 7"]
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "megarl preference: skipped 6 malformed row(s):" in out
     assert "p.jsonl line 1: needs `chosen` and `rejected` columns (missing rejected)" in out
     assert "p.jsonl line 2: without a `prompt` column, `chosen` and `rejected` must share" in out
@@ -127,7 +127,7 @@ def test_malformed_pairs_are_reported_with_file_and_row_and_skipped(tmp_path, to
     assert "line 6" not in out  # at most 5 are shown
 
 
-def test_bad_kto_labels_and_columns_are_reported(tmp_path, tokenizer, capsys):
+def test_bad_kto_labels_and_columns_are_reported(tmp_path, tokenizer, caplog):
     rows = [
         {"prompt": "sort 21", "completion": "12", "label": "yes"},
         {"prompt": "sort 21", "completion": "12", "label": 2},
@@ -137,7 +137,7 @@ def test_bad_kto_labels_and_columns_are_reported(tmp_path, tokenizer, capsys):
     ]
     (example,) = load_kto_examples([write_jsonl(tmp_path / "k.jsonl", rows)], tokenizer, DATA, "k")
     assert example.where == "k.jsonl line 5"
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "megarl kto: skipped 4 malformed row(s):" in out
     assert "k.jsonl line 1: `label` must be a bool (or 0/1), got 'yes'" in out
     assert "k.jsonl line 2: `label` must be a bool (or 0/1), got 2" in out
@@ -145,7 +145,7 @@ def test_bad_kto_labels_and_columns_are_reported(tmp_path, tokenizer, capsys):
     assert "k.jsonl line 4: needs `completion` and `label` columns (missing label)" in out
 
 
-def test_pairs_with_a_long_prompt_or_a_long_response_are_dropped_and_counted(tmp_path, tokenizer, capsys):
+def test_pairs_with_a_long_prompt_or_a_long_response_are_dropped_and_counted(tmp_path, tokenizer, caplog):
     short_prompt = len(prompt_ids(tokenizer, "sort 21"))
     data = DataConfig(max_prompt_length=short_prompt, max_response_length=3)
     rows = [
@@ -156,8 +156,11 @@ def test_pairs_with_a_long_prompt_or_a_long_response_are_dropped_and_counted(tmp
     ]
     pairs = load_preference_pairs([write_jsonl(tmp_path / "p.jsonl", rows)], tokenizer, data, "k")
     assert [p.where for p in pairs] == ["p.jsonl line 1"]
-    out = capsys.readouterr().out
-    assert f"megarl preference: skipped 3 row(s) longer than data.max_prompt_length={short_prompt}" in out
+    out = caplog.text
+    assert (
+        f"megarl preference: skipped 3 row(s) longer than data.max_prompt_length={short_prompt} / "
+        "data.max_response_length=3 in p.jsonl: 3 (line 2, line 3, line 4)"
+    ) in out
     assert "malformed" not in out
 
 

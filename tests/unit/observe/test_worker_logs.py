@@ -54,3 +54,29 @@ def test_without_keep_console_everything_goes_to_the_log(tmp_path):
     proc, log = _run(tmp_path, "no")
     assert proc.stdout == "before the redirect\n" and proc.stderr == ""
     assert "megarl's line" in log and "megarl train: an error" in log
+
+
+_RANK_PROGRAM = textwrap.dedent(
+    """
+    import logging, sys
+    from megarl.observe.worker_logs import rank_output_to_log
+
+    rank_output_to_log(sys.argv[1], int(sys.argv[2]))
+    logging.getLogger("megarl.data").warning("data.train_files: dropped 1 prompt ...")
+    logging.getLogger("vllm").warning("a library's logged warning")
+    """
+)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_torchrun_ranks_data_warnings_reach_the_console_once(tmp_path, rank):
+    proc = subprocess.run(
+        [sys.executable, "-c", _RANK_PROGRAM, str(tmp_path), str(rank)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    shown = ["data.train_files: dropped 1 prompt ..."] if rank == 0 else []
+    assert proc.stderr.splitlines() == shown and proc.stdout == ""
+    assert "a library's logged warning" in log_file(logs_dir(tmp_path), "actor", rank).read_text()

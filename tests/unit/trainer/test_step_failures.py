@@ -40,12 +40,15 @@ def test_steps_without_updates_are_not_bad():
     assert metrics["trainer/bad_steps"] == 0.0
 
 
-def test_a_worker_error_names_the_step_and_stage_and_how_to_resume():
+def test_a_worker_error_names_the_step_and_stage_and_how_to_resume(tmp_path):
     def dies(ctx, batch):
         raise WorkerError("actor.update failed on rank 1 of 2 on node3 (pid 7): ...", "actor", 1, "node3", 7)
 
     trainer = RLTrainer.__new__(RLTrainer)  # only what a step touches
-    trainer.cfg = types.SimpleNamespace(trainer=types.SimpleNamespace(eval_every=0, save_every=-1))
+    trainer.cfg = types.SimpleNamespace(
+        trainer=types.SimpleNamespace(eval_every=0, save_every=-1, resume="auto")
+    )
+    trainer.output_dir = tmp_path
     trainer.val_data = None
     trainer.profiler = types.SimpleNamespace(step=lambda step: contextlib.nullcontext())
     trainer.next_prompts = lambda: Batch(tensors={"x": torch.zeros(2)})
@@ -57,6 +60,7 @@ def test_a_worker_error_names_the_step_and_stage_and_how_to_resume():
     ) as e:
         trainer._run_step(3)
     assert (e.value.role, e.value.rank, e.value.host, e.value.pid) == ("actor", 1, "node3", 7)
-    assert str(e.value).endswith(
-        "rerun the same command to resume from the last checkpoint (trainer.resume=auto)"
+    assert str(e.value).endswith(  # no checkpoint was saved: the rerun starts afresh
+        f"no checkpoint was saved under {tmp_path / 'checkpoints'}, so rerunning starts from step 0 "
+        "(trainer.save_every=N saves every N steps)"
     )

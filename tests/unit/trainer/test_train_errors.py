@@ -85,7 +85,7 @@ PREFERENCE_CONFIG = str(Path(CONFIG).parent / "quickstart_preference.yaml")
 
 @pytest.mark.parametrize("job", ["dpo", "kto", "rm"])
 def test_preference_data_in_the_wrong_format_names_the_file_row_and_columns(
-    capsys, tiny_models, tmp_path, job
+    capsys, caplog, tiny_models, tmp_path, job
 ):
     data = write_parquet(tmp_path / "sft.parquet", [{"prompt": "reverse 12", "response": "21"}] * 2)
     overrides = [
@@ -97,7 +97,7 @@ def test_preference_data_in_the_wrong_format_names_the_file_row_and_columns(
     captured = capsys.readouterr()
     assert f"megarl {job}: error: data.train_files: no usable" in captured.err, captured.err
     columns = "`completion` and `label`" if job == "kto" else "`chosen` and `rejected`"
-    assert "sft.parquet row 0" in captured.out and columns in captured.out + captured.err, captured
+    assert "sft.parquet row 0" in caplog.text and columns in caplog.text + captured.err, caplog.text
 
 
 def test_megarl_train_on_a_preference_config_points_to_the_right_command(capsys, tiny_models, tmp_path):
