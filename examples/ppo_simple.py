@@ -32,4 +32,5 @@ trainer = PPOTrainer(
 first = trainer.step()  # one step's metrics
 history = trainer.fit()  # the rest, with progress; checkpoints and resume as the CLI's
 trainer.close(), actor.close(), critic.close()  # or `with` each: the controllers own their workers
-print(f"reward {first['reward/mean']:.2f} at step 1 -> {history[-1]['reward/mean']:.2f} at the end")
+val = [h["val/reward/mean"] for h in history if "val/reward/mean" in h]  # greedy, before and after
+print(f"step 1: reward {first['reward/mean']:.2f}; greedy val reward {val[0]:.2f} -> {val[-1]:.2f}")

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
-from tests.helpers.rl_runs import GRPO, LOGPROB_TOLERANCE, assert_same_metrics, run, steps
+from megarl.trainer.rl_trainer import RLTrainer
+from tests.helpers.rl_runs import GRPO, LOGPROB_TOLERANCE, SMALL_STEP, run, steps
 from tests.helpers.run_files import (
     assert_same_as_jsonl,
     image_stats,
@@ -122,43 +126,6 @@ def test_actor_tp2_generates_the_same_tokens_and_step_one_loss_as_tp1(grpo_run, 
     assert tp2["reward/mean"] == tp1["reward/mean"]
 
 
-PPO = (
-    "algorithm.name=ppo",
-    "algorithm.adv_estimator=gae",
-    "algorithm.use_kl_loss=false",
-    "algorithm.use_kl_in_reward=true",
-    "algorithm.kl_ctrl=adaptive",
-    "critic.micro_batch_size=32",
-    "critic.optimizer.lr=1e-3",
-    "trainer.total_steps=5",
-    "trainer.eval_every=0",
-    "trainer.val_before_train=false",
-)
-
-
-def test_ppo_with_a_critic_learns_and_resumes_from_step_3_exactly(rl_setup, tmp_path):
-    """The value loss falls; a run resumed from the step-3 checkpoint (actor, critic, adaptive KL
-    controller, data position, RNG) gives steps 4 and 5 bit-identical to the uninterrupted run's."""
-    cfg = rl_setup.grpo_config(tmp_path / "full", *PPO, "trainer.save_every=3")
-    history, _ = run(cfg)
-    losses = [h["critic/value_loss"] for h in steps(history)]
-    assert len(losses) == 5 and all(math.isfinite(v) for v in losses)
-    assert losses[-1] < losses[0], losses
-    assert all(
-        "kl/mean" in h and "timing/values" in h and "timing/update_critic" in h for h in steps(history)
-    )
-    checkpoints = tmp_path / "full" / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_3", "step_5"]
-    assert sorted(p.name for p in (checkpoints / "step_3").iterdir() if p.is_dir()) == ["actor", "critic"]
-
-    resumed_cfg = rl_setup.grpo_config(tmp_path / "resumed", *PPO, f"trainer.resume={checkpoints / 'step_3'}")
-    resumed, _ = run(resumed_cfg)
-    assert [h["step"] for h in resumed] == [4, 5]
-    for expected, actual in zip(steps(history)[3:], resumed):
-        compared = assert_same_metrics(expected, actual)
-        assert {"critic/value_loss", "actor/pg_loss", "kl/coef", "reward/mean"} <= set(compared)
-
-
 # each estimator's run also drives one of issue 11's trainer features (one start per run, not two)
 ESTIMATOR_RUNS = {
     "rloo": (
@@ -169,14 +136,20 @@ ESTIMATOR_RUNS = {
     ),
     # no engine log-probs (verl's default): the recomputed old log-probs are all the update needs
     "reinforce_plus_plus": ("algorithm.pf_ppo.enable=true", "rollout.calculate_log_probs=false"),
-    "remax": ("algorithm.rollout_correction.bypass_mode=true", "algorithm.policy_loss=reinforce"),
+    # ReMax's run, 3 small steps configured, is also the run session's check (session_contract below)
+    "remax": (
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.policy_loss=reinforce",
+        *SMALL_STEP,
+        "trainer.total_steps=3",
+    ),
 }
 
 
 @pytest.mark.parametrize("estimator", list(ESTIMATOR_RUNS))
 def test_other_estimators_and_losses_run_end_to_end(rl_setup, tmp_path, estimator):
     cfg = rl_setup.grpo_config(
-        tmp_path,
+        tmp_path / "run",
         "algorithm.name=ppo",
         f"algorithm.adv_estimator={estimator}",
         "trainer.total_steps=2",
@@ -184,9 +157,9 @@ def test_other_estimators_and_losses_run_end_to_end(rl_setup, tmp_path, estimato
         "trainer.val_before_train=false",
         *ESTIMATOR_RUNS[estimator],
     )
-    history, _ = run(cfg)
+    history = session_contract(cfg) if estimator == "remax" else run(cfg)[0]
     train = steps(history)
-    assert len(train) == 2
+    assert len(train) == (5 if estimator == "remax" else 2)
     bypass = cfg.algorithm.rollout_correction.bypass_mode
     for h in train:
         assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["actor/grad_norm"])
@@ -200,6 +173,43 @@ def test_other_estimators_and_losses_run_end_to_end(rl_setup, tmp_path, estimato
         assert all(abs(h["rollout_corr/rollout_is_mean"] - 1) < 1e-4 for h in train), train
         assert all(h["rollout_corr/rollout_rs_masked_fraction"] == 0 for h in train)
     assert ("timing/pf_ppo" in train[0]) == (estimator == "reinforce_plus_plus")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def session_contract(cfg) -> list[dict]:
+    """The RL trainer as a reusable object (under Ray): step() three times, then a fit() past the
+    configured total (3) on the same workers, and close() ending every worker process; the history."""
+    out = Path(cfg.trainer.output_dir)
+    trainer = RLTrainer(cfg)
+    pids = [p["pid"] for p in trainer.roles.actor.processes]  # the reference lives in the same processes
+    assert pids and all(_alive(pid) for pid in pids)
+
+    stepped = [trainer.step() for _ in range(3)]
+    assert all("reward/mean" in m and "actor/pg_loss" in m for m in stepped)
+    assert trainer.total_steps == 3 and not (out / "summary.json").exists()  # step() writes no summary
+
+    history = trainer.fit(total_steps=5)  # steps 4 and 5 only
+    assert [h["step"] for h in history] == [1, 2, 3, 4, 5]
+    assert [{k: v for k, v in h.items() if k != "step"} for h in history[:3]] == stepped
+    assert [p["pid"] for p in trainer.roles.actor.processes] == pids  # no worker restarted
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 5
+
+    trainer.close()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in pids if _alive(pid)] == []
+    trainer.close()  # a second close does nothing
+    assert not trainer.roles.actor.alive and trainer.log.sinks == []
+    return history
 
 
 def test_each_ranks_output_goes_to_its_log_not_the_drivers_console(grpo_run):
