@@ -138,9 +138,7 @@ def test_countdown_scores_equal_tinyzeros_eval_on_arithmetic_answers():
         target = int(value) if value is not None and value == int(value) and rng.random() < 0.7 else 5
         truth = {"target": target, "numbers": numbers if rng.random() < 0.9 else numbers[:-1]}
         expected = _tinyzero_score(answer, truth)
-        assert (
-            exact and countdown.compute_score(f"Assistant: <answer>{answer}</answer>", truth) == expected
-        ), answer
+        assert countdown.compute_score(f"Assistant: <answer>{answer}</answer>", truth) == expected, answer
         checked.add(expected)
     assert checked == {0.1, 1.0}
 
