@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,29 +34,50 @@ class RewardTimeout(BaseException):
     `except Exception` does not swallow it)."""
 
 
-def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float | None = None) -> Outcome:
-    """`fn(**kwargs)` as an Outcome. With `timeout_s` (main thread of a reward worker only) SIGALRM
-    interrupts Python code that runs longer; the pool kills a worker stuck in C code."""
+class CallClock:
+    """A reward worker's watch over its calls: while a chunk is scored, SIGALRM ticks every `tick`
+    seconds (two system calls per chunk, none per row) and interrupts the current call once it has run
+    past `timeout_s` — Python code only; the pool kills a worker stuck in C code."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.tick = min(0.25, timeout_s / 4)
+        self.started: float | None = None  # monotonic start of the call in progress
+        signal.signal(signal.SIGALRM, self._check)
+
+    def __enter__(self) -> CallClock:
+        signal.setitimer(signal.ITIMER_REAL, self.tick, self.tick)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _check(self, signum: int, frame: Any) -> None:
+        started = self.started
+        if started is not None and time.monotonic() - started > self.timeout_s:
+            self.started = None
+            raise RewardTimeout()
+
+
+def call_reward(fn: Callable[..., Any], kwargs: dict[str, Any], clock: CallClock | None = None) -> Outcome:
+    """`fn(**kwargs)` as an Outcome, watched by `clock` (a reward worker's) when given."""
     try:
-        if timeout_s:
-            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        if clock is not None:
+            clock.started = time.monotonic()
         try:
             result = fn(**kwargs)
         finally:
-            if timeout_s:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+            if clock is not None:
+                clock.started = None
         value, extras = as_score(result)
         return Scored(value, extras)
     except RewardTimeout as e:
-        return Failed(f"timed out after {timeout_s:g}s", _traceback(e))
+        assert clock is not None
+        return Failed(f"timed out after {clock.timeout_s:g}s", _traceback(e))
     except SystemExit as e:
         return Failed(f"the reward function called sys.exit({e.code!r})", _traceback(e))
     except Exception as e:
         return Failed(f"{type(e).__name__}: {e}", _traceback(e))
-
-
-def raise_timeout(signum: int, frame: Any) -> None:
-    raise RewardTimeout()
 
 
 def as_score(result: Any) -> tuple[float, dict[str, float]]:

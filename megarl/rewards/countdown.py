@@ -63,7 +63,12 @@ class _NotArithmetic(Exception):
 
 
 def _value(node: ast.expr) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    value: int | float
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         value = node.value
     elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         value = _BINARY[type(node.op)](_value(node.left), _value(node.right))

@@ -10,7 +10,7 @@ rows into chunks, a few per worker, and hands them out as workers come free; a w
 outcomes in one message. What a worker cannot survive is a failed row, not a failed run:
 
 - an exception or `sys.exit` in the function: caught in the worker (`megarl.rewards.calls`);
-- Python code past `timeout_s`: interrupted in the worker by SIGALRM;
+- Python code past `timeout_s`: interrupted in the worker (`calls.CallClock`: a SIGALRM tick);
 - C code past `timeout_s` (plus a grace second), `os._exit`, a segfault: the worker is killed (or is
   gone); the row it was on — it writes its position into a shared page before each call — fails with
   "timed out after Ns" / "process exited with code 1" / "process died with signal 11 (SIGSEGV)", the
@@ -22,6 +22,7 @@ Workers die with the driver (PR_SET_PDEATHSIG, and the end of their command pipe
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any
 
-from megarl.rewards.calls import Failed, Outcome, call_reward, raise_timeout
+from megarl.rewards.calls import CallClock, Failed, Outcome, call_reward
 
 _POSITION = struct.Struct("<dq")  # (monotonic start of the current call, its row's place in the chunk)
 _IDLE = -1
@@ -63,7 +64,7 @@ class FunctionSpec:
     @classmethod
     def pickled(cls, fn: Callable[..., Any]) -> FunctionSpec:
         """Raises when `fn` cannot be pickled (a lock, an open file in its closure, ...)."""
-        import cloudpickle
+        import cloudpickle  # type: ignore[import-untyped]
 
         return cls("pickled", payload=cloudpickle.dumps(fn))
 
@@ -287,7 +288,6 @@ def _worker_main(conn_fd: int, page_fd: int) -> int:
     except (OSError, AttributeError):
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    signal.signal(signal.SIGALRM, raise_timeout)
     conn = Connection(conn_fd)
     page = mmap.mmap(page_fd, _POSITION.size)
     spec, timeout_s = conn.recv()
@@ -297,6 +297,7 @@ def _worker_main(conn_fd: int, page_fd: int) -> int:
         conn.send(("init_error", f"{type(e).__name__}: {e}"))
         return 1
     conn.send(("ready", None))
+    clock = CallClock(timeout_s) if timeout_s else None
     while True:
         try:
             rows = conn.recv()
@@ -305,9 +306,10 @@ def _worker_main(conn_fd: int, page_fd: int) -> int:
         if rows is None:
             return 0
         outcomes: list[Outcome] = []
-        for place, kwargs in enumerate(rows):
-            _POSITION.pack_into(page, 0, time.monotonic(), place)
-            outcomes.append(call_reward(fn, kwargs, timeout_s))
+        with clock or contextlib.nullcontext():
+            for place, kwargs in enumerate(rows):
+                _POSITION.pack_into(page, 0, time.monotonic(), place)
+                outcomes.append(call_reward(fn, kwargs, clock))
         _POSITION.pack_into(page, 0, time.monotonic(), _IDLE)
         conn.send(("done", outcomes))
 
