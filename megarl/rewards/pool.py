@@ -14,7 +14,8 @@ outcomes in one message. What a worker cannot survive is a failed row, not a fai
 - C code past `timeout_s` (plus a grace second), `os._exit`, a segfault: the worker is killed (or is
   gone); the row it was on — it writes its position into a shared page before each call — fails with
   "timed out after Ns" / "process exited with code 1" / "process died with signal 11 (SIGSEGV)", the
-  chunk's other rows go back to the queue, and a new worker replaces it.
+  chunk's rows whose outcomes had not come back go to the queue again, and a new worker replaces it.
+  (A worker sends failures at once and other outcomes every 0.1 s, so a crash re-runs little.)
 
 Workers die with the driver (PR_SET_PDEATHSIG, and the end of their command pipe) and ignore Ctrl-C
 (the driver stops them).
@@ -45,6 +46,7 @@ _IDLE = -1
 _KILL_GRACE_S = 1.0  # after timeout_s, how long SIGALRM gets to interrupt the call before the kill
 _MAX_LOSSES = 3  # a row whose worker was lost this often (not on it) fails instead of going back again
 _CHUNKS_PER_WORKER = 4
+_FLUSH_S = 0.1  # a worker sends the outcomes it has at least this often (failures at once)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class _Worker:
         self.conn.send((spec, timeout_s))
         self.ready = False
         self.chunk: list[int] | None = None  # the rows it is scoring
+        self.received = 0  # how many of them have their outcome back
 
     def position(self) -> tuple[int, float]:
         """(place in the chunk, start) of the call it is in; place _IDLE between calls. Read place first:
@@ -168,18 +171,43 @@ class RewardPool:
             outcomes[row] = failure
             return stop(row, failure)
 
+        def receive(worker: _Worker) -> bool:
+            """Take one message from `worker`; True: stop the run."""
+            try:
+                kind, payload = worker.conn.recv()
+            except (EOFError, OSError):
+                return lose(worker, worker.fate())
+            if kind == "init_error":
+                raise RewardPoolError(f"a reward worker could not load {self.what}: {payload}")
+            if kind == "ready":
+                worker.ready = True
+                return False
+            assert worker.chunk is not None
+            first, scored = payload
+            stopped = False
+            for row, outcome in zip(worker.chunk[first:], scored):
+                if isinstance(outcome, Failed):
+                    stopped = fail(row, outcome) or stopped
+                else:
+                    outcomes[row] = outcome
+            worker.received = first + len(scored)
+            if kind == "done":
+                worker.chunk = None
+            return stopped
+
         def lose(worker: _Worker, why: str) -> bool:
-            """Replace a killed or dead worker: the row it was on fails, the rest of its chunk goes back
-            to the queue (a row lost with its worker too often fails as well)."""
+            """Replace a killed or dead worker: the row it was on fails, its chunk's rows without an
+            outcome go back to the queue (a row lost with its worker too often fails as well)."""
             chunk, (place, _) = worker.chunk or [], worker.position()
             worker.kill()
             self.workers[self.workers.index(worker)] = self._start()
             if not worker.ready:
                 raise RewardPoolError(f"a reward worker for {self.what} did not start: {why}")
-            blamed = chunk[place] if 0 <= place < len(chunk) else None  # None: lost between calls
+            unscored = chunk[worker.received :]
+            blamed = chunk[place] if worker.received <= place < len(chunk) else None  # None: between calls
             stopped = blamed is not None and fail(blamed, Failed(why))
             rest = []
-            for row in chunk:
+            for row in unscored:
                 if row == blamed:
                     continue
                 losses[row] = losses.get(row, 0) + 1
@@ -194,35 +222,20 @@ class RewardPool:
         while queue or any(w.chunk is not None for w in self.workers):
             for worker in self.workers:
                 if worker.ready and worker.chunk is None and queue:
-                    worker.chunk = queue.popleft()
+                    worker.chunk, worker.received = queue.popleft(), 0
                     worker.conn.send([rows[i] for i in worker.chunk])
             waiting = [w for w in self.workers if w.chunk is not None or not w.ready]
             for conn in wait([w.conn for w in waiting], self._next_deadline(waiting)):
-                worker = next(w for w in waiting if w.conn is conn)
-                try:
-                    message = worker.conn.recv()
-                except (EOFError, OSError):
-                    if lose(worker, worker.fate()):
-                        return self._abort(outcomes)
-                    continue
-                kind, payload = message
-                if kind == "init_error":
-                    raise RewardPoolError(f"a reward worker could not load {self.what}: {payload}")
-                if kind == "ready":
-                    worker.ready = True
-                    continue
-                assert worker.chunk is not None
-                chunk, worker.chunk = worker.chunk, None
-                for row, outcome in zip(chunk, payload):
-                    if isinstance(outcome, Failed):
-                        if fail(row, outcome):
-                            return self._abort(outcomes)
-                    else:
-                        outcomes[row] = outcome
+                if receive(next(w for w in waiting if w.conn is conn)):
+                    return self._abort(outcomes)
             for worker in list(self.workers):
                 if worker.chunk is not None and self._overdue(worker):
-                    if lose(worker, f"timed out after {self.timeout_s:g}s"):
-                        return self._abort(outcomes)
+                    while worker.chunk is not None and worker.conn.poll():  # what it sent before it stuck
+                        if receive(worker):
+                            return self._abort(outcomes)
+                    if worker in self.workers and worker.chunk is not None and self._overdue(worker):
+                        if lose(worker, f"timed out after {self.timeout_s:g}s"):
+                            return self._abort(outcomes)
         return outcomes
 
     def _limit(self) -> float | None:
@@ -306,12 +319,18 @@ def _worker_main(conn_fd: int, page_fd: int) -> int:
         if rows is None:
             return 0
         outcomes: list[Outcome] = []
+        sent, flushed = 0, time.monotonic()
         with clock or contextlib.nullcontext():
             for place, kwargs in enumerate(rows):
-                _POSITION.pack_into(page, 0, time.monotonic(), place)
+                start = time.monotonic()
+                _POSITION.pack_into(page, 0, start, place)
                 outcomes.append(call_reward(fn, kwargs, clock))
+                # a failure at once, the rest every _FLUSH_S: what a later crash cannot take with it
+                if isinstance(outcomes[-1], Failed) or start - flushed > _FLUSH_S:
+                    conn.send(("rows", (sent, outcomes[sent:])))
+                    sent, flushed = len(outcomes), start
         _POSITION.pack_into(page, 0, time.monotonic(), _IDLE)
-        conn.send(("done", outcomes))
+        conn.send(("done", (sent, outcomes[sent:])))
 
 
 if __name__ == "__main__":
