@@ -54,12 +54,8 @@ def evaluate(equation: str) -> float | None:
         return None
     try:
         return float(_value(ast.parse(equation, mode="eval").body))
-    except (SyntaxError, ZeroDivisionError, ValueError, OverflowError, _NotArithmetic):
+    except (SyntaxError, ZeroDivisionError, ValueError, OverflowError):
         return None
-
-
-class _NotArithmetic(Exception):
-    pass
 
 
 def _value(node: ast.expr) -> int | float:
@@ -75,9 +71,9 @@ def _value(node: ast.expr) -> int | float:
     elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         value = _UNARY[type(node.op)](_value(node.operand))
     else:  # **, //, a call, a name, a tuple, ...
-        raise _NotArithmetic(ast.dump(node))
+        raise ValueError(f"not arithmetic: {ast.dump(node)}")
     if not math.isfinite(value) or abs(value) > _MAX_MAGNITUDE:
-        raise _NotArithmetic(f"{value} is out of bounds")
+        raise ValueError(f"{value} is out of bounds")
     return value
 
 

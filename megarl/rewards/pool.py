@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any
 
+from megarl.errors import MegarlError
 from megarl.rewards.calls import CallClock, Failed, Outcome, call_reward
 
 _POSITION = struct.Struct("<dq")  # (monotonic start of the current call, its row's place in the chunk)
@@ -78,7 +79,7 @@ class FunctionSpec:
         return pickle.loads(self.payload)  # noqa: S301 - the driver's own function, sent to its own worker
 
 
-class RewardPoolError(RuntimeError):
+class RewardPoolError(MegarlError, RuntimeError):
     """A reward worker could not start (its function failed to load there)."""
 
 
