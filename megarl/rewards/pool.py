@@ -6,8 +6,8 @@
 
 The workers are started once (on the first `run`) as plain `python -m megarl.rewards.pool` processes —
 no fork of the driver, no re-import of the user's script — and live until `close()`. A `run` cuts its
-rows into chunks, a few per worker, and hands them out as workers come free; a worker returns a chunk's
-outcomes in one message. What a worker cannot survive is a failed row, not a failed run:
+rows into chunks, a few per worker, and hands them out as workers come free; a worker sends a chunk's
+outcomes back in a message or a few. What a reward function does wrong fails its row, not the run:
 
 - an exception or `sys.exit` in the function: caught in the worker (`megarl.rewards.calls`);
 - Python code past `timeout_s`: interrupted in the worker (`calls.CallClock`: a SIGALRM tick);
