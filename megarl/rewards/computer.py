@@ -248,6 +248,8 @@ class RewardComputer:
         """Each row's outcome, from the reward workers (or this process, reward.workers=0); stops the
         run when more than reward.max_error_fraction of the rows fail, or all of them."""
         n = len(calls)
+        if n == 0:
+            return []
         allowed = int(self.max_error_fraction * n)
         failed: list[int] = []
 
