@@ -261,6 +261,7 @@ class RewardComputer:
             return len(failed) > allowed or len(failed) == n
 
         pool = self._workers()
+        outcomes: list[Outcome | None]
         if pool is not None:
             outcomes = pool.run(calls, stop)
         else:
@@ -271,7 +272,7 @@ class RewardComputer:
                 outcomes.append(outcome)
                 if isinstance(outcome, Failed) and stop(len(outcomes) - 1, outcome):
                     break
-        if len(failed) > allowed or (n and len(failed) == n):
+        if len(failed) > allowed or len(failed) == n:
             first = outcomes[failed[0]]
             assert isinstance(first, Failed)
             done = sum(o is not None for o in outcomes)
@@ -279,8 +280,8 @@ class RewardComputer:
             raise RewardFunctionError(
                 f"{self.function_desc} failed on {counted} rows of this step (reward.max_error_fraction="
                 f"{self.max_error_fraction:g} allows {allowed}); the first, {_row_name(batch, failed[0])} "
-                f"(data_source {calls[failed[0]]['data_source']!r}): {first.summary}. Fix the function (its "
-                "traceback is logged above), or raise reward.max_error_fraction to train on with failed rows "
+                f"(data_source {calls[failed[0]]['data_source']!r}): {first.summary}. Fix the function (its first "
+                "failure is logged above with the traceback), or raise reward.max_error_fraction to train on with failed rows "
                 "scored 0"
             )
         return [o if o is not None else Failed("not scored") for o in outcomes]

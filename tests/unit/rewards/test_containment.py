@@ -109,7 +109,8 @@ def test_the_computer_counts_failed_rows_and_stops_past_max_error_fraction(misbe
         assert str(info.value) == (
             f"reward function compute_score from {misbehaving} failed on 3 of 4 rows of this step "
             "(reward.max_error_fraction=0.5 allows 2); the first, batch row 1, dataset row 11 (data_source "
-            f"'s'): {EXPECTED['none']}. Fix the function (its traceback is logged above), or raise "
+            f"'s'): {EXPECTED['none']}. Fix the function (its first failure is logged above with the traceback), "
+            "or raise "
             "reward.max_error_fraction to train on with failed rows scored 0"
         )
     finally:
