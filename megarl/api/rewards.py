@@ -83,6 +83,8 @@ def score_stage(
     else:
         computer.check_data_sources(data_sources, "data.train_files")
 
+    computer.start()  # its reward workers load while the trainer starts
+
     def score_function(ctx: StepContext, batch: Batch) -> dict:
         scores, metrics = computer.score(batch)
         errors = metrics.get("reward/errors")

@@ -95,6 +95,13 @@ class RewardComputer:
         """Whether the rows need a ground truth: the rule rewards compare the answer with it."""
         return self.weight(FUNCTION) != 0 and self.function is None
 
+    def start(self) -> None:
+        """Start the reward worker processes now (else the first `score` does): they load the function
+        while the caller goes on, e.g. while the model workers start."""
+        pool = self._workers() if self.weight(FUNCTION) != 0 else None
+        if pool is not None:
+            pool.start()
+
     def close(self) -> None:
         """Stop the reward worker processes (started again on the next `score`)."""
         if self._pool is not None:

@@ -4,7 +4,7 @@
     outcomes = pool.run([{"data_source": ..., "solution_str": ..., "ground_truth": ..., "extra_info": ...}])
     pool.close()
 
-The workers are started once (on the first `run`) as plain `python -m megarl.rewards.pool` processes —
+The workers are started once (by `start()` or the first `run`) as plain `python -m megarl.rewards.pool` processes —
 no fork of the driver, no re-import of the user's script — and live until `close()`. A `run` cuts its
 rows into chunks, a few per worker, and hands them out as workers come free; a worker sends a chunk's
 outcomes back in a message or a few. What a reward function does wrong fails its row, not the run:
@@ -152,6 +152,11 @@ class RewardPool:
         except BaseException:
             self.close()  # a Ctrl-C or an error here leaves workers mid-chunk: start afresh next time
             raise
+
+    def start(self) -> None:
+        """Start the workers now, without waiting for them: they load while the caller goes on."""
+        while len(self.workers) < self.size:
+            self.workers.append(self._start())
 
     def close(self) -> None:
         _close(self.workers)

@@ -98,6 +98,7 @@ class RLTrainer(SessionTrainer):
         self.history: list[dict[str, float]] = []
         self._began = False
         try:  # stop the worker processes and close the logging backends if anything below fails
+            self.reward.start()  # the reward workers load while the model workers start
             self.roles = session.start()
             self.log, self.profiler, self.checkpoints = session.log, session.profiler, session.checkpoints
             self.is_writer = session.is_writer

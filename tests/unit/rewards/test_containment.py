@@ -245,3 +245,17 @@ def test_the_console_line_shows_the_reward_errors(tmp_path):
         == "step 2/5 | reward 0.250 ±0.500 | reward errors 3 | 2.0s"
     )
     assert log.line(2, {**metrics, "reward/errors": 0.0}) == "step 2/5 | reward 0.250 ±0.500 | 2.0s"
+
+
+def test_start_loads_the_workers_ahead_and_an_rm_only_reward_starts_none(tokenizer):
+    computer = RewardComputer(RewardModelConfig(workers=2), tokenizer)
+    computer.start()
+    try:
+        assert computer._pool is not None and len(computer._pool.workers) == 2
+        scores, _ = computer.score(rollout(tokenizer, ["13459"], ["megarl/digits_sort"], ["13459"]))
+        assert scores.tolist() == [1.0] and computer._pool.started_workers == 2  # the same two
+    finally:
+        computer.close()
+    rm_only = RewardComputer(RewardModelConfig(weights={"function": 0.0}), tokenizer)
+    rm_only.start()
+    assert rm_only._pool is None
