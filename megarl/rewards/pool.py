@@ -172,6 +172,7 @@ class RewardPool:
         n_chunks = min(len(rows), self.size * _CHUNKS_PER_WORKER)
         queue = deque(_split(list(range(len(rows))), n_chunks))
         losses: dict[int, int] = {}
+        startup_deaths: list[str] = []
 
         def fail(row: int, failure: Failed) -> bool:
             outcomes[row] = failure
@@ -206,9 +207,13 @@ class RewardPool:
             outcome go back to the queue (a row lost with its worker too often fails as well)."""
             chunk, (place, _) = worker.chunk or [], worker.position()
             worker.kill()
+            if not worker.ready:  # died loading the function (a crash at import), or killed from outside
+                startup_deaths.append(why)
+                if len(startup_deaths) >= _MAX_LOSSES:
+                    raise RewardPoolError(
+                        f"reward workers for {self.what} died while starting: {startup_deaths[0]}"
+                    )
             self.workers[self.workers.index(worker)] = self._start()
-            if not worker.ready:
-                raise RewardPoolError(f"a reward worker for {self.what} did not start: {why}")
             unscored = chunk[worker.received :]
             blamed = chunk[place] if worker.received <= place < len(chunk) else None  # None: between calls
             stopped = blamed is not None and fail(blamed, Failed(why))
@@ -226,10 +231,14 @@ class RewardPool:
             return stopped
 
         while queue or any(w.chunk is not None for w in self.workers):
-            for worker in self.workers:
+            for worker in list(self.workers):
                 if worker.ready and worker.chunk is None and queue:
                     worker.chunk, worker.received = queue.popleft(), 0
-                    worker.conn.send([rows[i] for i in worker.chunk])
+                    try:
+                        worker.conn.send([rows[i] for i in worker.chunk])
+                    except OSError:  # it died between chunks
+                        if lose(worker, worker.fate()):
+                            return self._abort(outcomes)
             waiting = [w for w in self.workers if w.chunk is not None or not w.ready]
             for conn in wait([w.conn for w in waiting], self._next_deadline(waiting)):
                 if receive(next(w for w in waiting if w.conn is conn)):

@@ -259,3 +259,17 @@ def test_start_loads_the_workers_ahead_and_an_rm_only_reward_starts_none(tokeniz
     rm_only = RewardComputer(RewardModelConfig(weights={"function": 0.0}), tokenizer)
     rm_only.start()
     assert rm_only._pool is None
+
+
+def test_workers_killed_from_outside_between_runs_are_replaced(misbehaving):
+    import signal
+
+    pool = RewardPool(FunctionSpec.file(misbehaving, "compute_score"), 2, TIMEOUT_S, "misbehaving")
+    try:
+        pool.start()  # one may still be loading when it is killed
+        for worker in pool.workers:
+            os.kill(worker.proc.pid, signal.SIGKILL)
+        assert pool.run(_calls(["ok"] * 8)) == [Scored(1.0, {})] * 8
+        assert pool.started_workers == 4
+    finally:
+        pool.close()
