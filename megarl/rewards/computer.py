@@ -82,7 +82,7 @@ class RewardComputer:
         if self.overlong.enable and max_response_length is None:
             raise ValueError("reward.overlong_buffer.enable=true needs the max_response_length")
         self.max_response_length = max_response_length
-        self.first_error: str | None = None  # the first row failure's traceback, logged once
+        self.first_error: str | None = None  # the first row failure (logged once, with its traceback)
 
     def use_function(self, fn: RewardFn, description: str) -> None:
         """Score every row with `fn` (verl's signature) instead of the rule rewards; it reaches the reward
