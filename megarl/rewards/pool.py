@@ -150,7 +150,7 @@ class RewardPool:
         try:
             return self._run(rows, stop or (lambda row, failure: False))
         except BaseException:
-            self.close()  # a Ctrl-C or an error here leaves workers mid-chunk: start afresh next time
+            _close(self.workers, wait_s=0.0)  # a Ctrl-C or an error leaves workers mid-chunk: kill them
             raise
 
     def start(self) -> None:
@@ -279,15 +279,15 @@ class RewardPool:
         return outcomes
 
 
-def _close(workers: list[_Worker]) -> None:
-    """Ask each worker to exit, give them 2 s, kill what is left; empties `workers`."""
+def _close(workers: list[_Worker], wait_s: float = 2.0) -> None:
+    """Ask each worker to exit, give them `wait_s`, kill what is left; empties `workers`."""
     for worker in workers:
         if worker.proc.poll() is None:
             try:
                 worker.conn.send(None)
             except OSError:
                 pass
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + wait_s
     for worker in workers:
         try:
             worker.proc.wait(max(0.0, deadline - time.monotonic()))
