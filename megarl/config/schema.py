@@ -192,8 +192,9 @@ class RewardModelConfig(RoleConfig):
     # stop the run (naming the function and its first failure) when more than this fraction of a step's rows
     # fail; a step where every row fails stops it at any setting
     max_error_fraction: float = 0.5
-    # reward worker processes; None = min(4, CPUs available); 0 = call the function in the driver process
-    # (no timeout, no protection from os._exit or a crash: verl's behaviour)
+    # reward worker processes; None = min(4, CPUs available / torchrun ranks on the node), at least 1;
+    # 0 = call the function in the driver process (no timeout, no protection from os._exit or a crash:
+    # verl's behaviour)
     workers: int | None = None
     enable: bool | None = None  # None = auto: on when model_path is set; off = rule rewards on the driver
     model_path: str | None = None  # HF checkpoint of the reward model (Megatron RM or sequence classifier)

@@ -76,7 +76,7 @@ class RewardComputer:
             self._spec = FunctionSpec.file(reward.function.path, reward.function.name)
         self.timeout_s = reward.timeout_s
         self.max_error_fraction = reward.max_error_fraction
-        self.workers = min(4, len(os.sched_getaffinity(0))) if reward.workers is None else reward.workers
+        self.workers = default_workers() if reward.workers is None else reward.workers
         self._pool: RewardPool | None = None
         self.overlong = reward.overlong_buffer
         if self.overlong.enable and max_response_length is None:
@@ -325,6 +325,13 @@ class RewardComputer:
             failure.summary,
             detail,
         )
+
+
+def default_workers() -> int:
+    """reward.workers=None: up to 4, sharing this machine's CPUs with the other processes that score
+    (under torchrun every rank on the node runs the driver loop, rewards included)."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(4, len(os.sched_getaffinity(0)) // max(1, local_ranks)))
 
 
 def _unknown_source(source: str, where: str) -> str:
