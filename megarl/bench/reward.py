@@ -116,7 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="outputs/bench")
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=None, help="reward.workers (default: min(4, CPUs))")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="reward.workers (default: reward.workers=None's count)"
+    )
     parser.add_argument("--rewards", nargs="+", default=list(REWARDS), choices=REWARDS)
     parser.add_argument("--step-seconds", type=float, default=None, help="a step's seconds: adds the share")
 
