@@ -17,6 +17,7 @@ BASE = [
     "matplotlib",  # megarl report: PNG curves (Agg canvas, headless)
     "numpy",  # megarl/models/cpu_gemm.py multiplies through the OpenBLAS numpy's PyPI wheels bundle
     "threadpoolctl",  # ... and sets that OpenBLAS's thread count
+    "cloudpickle",  # reward functions defined in Python reach the reward worker processes by value
     "psutil",  # memory readings (platform, megarl bench); megatron's dist-checkpoint save imports it undeclared
 ]
 

@@ -67,9 +67,10 @@ def score_stage(
 
         rc.scorer = Stage(rc.name, score_model, reads=SEQUENCE_COLUMNS, writes=(rc.name,))
         return rc.scorer
-    computer = RewardComputer(RewardModelConfig(), tokenizer)
+    contained = {k: getattr(cfg.reward, k) for k in ("timeout_s", "max_error_fraction", "workers")}
+    computer = RewardComputer(RewardModelConfig(**contained), tokenizer)
     if rc.function is not None:
-        computer.function, computer.function_desc = rc.function, f"reward function {rc.name}"
+        computer.use_function(rc.function, f"reward function {rc.name}")
     elif rc.rule is not None:
         rule = reward_for(rc.rule)
         if rule is None:
@@ -78,15 +79,18 @@ def score_stage(
             raise ControllerError(
                 f"RewardController(rule={rc.rule!r}): no such rule; known: {', '.join(known_data_sources())}"
             )
-        computer.function, computer.function_desc = _fixed_source(rule, rc.rule), f"rule {rc.rule}"
+        computer.use_function(_fixed_source(rule, rc.rule), f"rule {rc.rule}")
     else:
         computer.check_data_sources(data_sources, "data.train_files")
+
+    computer.start()  # its reward workers load while the trainer starts
 
     def score_function(ctx: StepContext, batch: Batch) -> dict:
         scores, metrics = computer.score(batch)
         errors = metrics.get("reward/errors")
         if errors:
             ctx.metrics[f"reward/{rc.name}/errors"] = errors
+            ctx.metrics["reward/errors"] = ctx.metrics.get("reward/errors", 0.0) + errors  # the console's
         return {rc.name: scores.float()}
 
     reads = (Col.RESPONSES, Col.RESPONSE_MASK, *DATASET_COLUMNS)

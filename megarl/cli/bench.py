@@ -13,6 +13,7 @@ TABLE_SUITES = {
     "scaling": "megarl's step time as model, prompts and length grow",
     "train": "policy update: Megatron vs transformers eager, same batch",
     "rollout": "vLLM in the trainer after a weight sync vs a standalone engine",
+    "reward": "the reward stage per row: contained in reward workers vs called in the driver",
 }
 
 

@@ -183,6 +183,19 @@ class RewardModelConfig(RoleConfig):
     # where a reward model's score replaces the rule reward instead of adding to it
     weights: dict[str, float] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # Reward functions (the rule rewards and reward.function) run in reward worker processes, started
+    # once per run (megarl.rewards.pool): a call that raises, calls sys.exit or os._exit, crashes or runs
+    # past timeout_s fails that row only — it scores 0, counts in reward/errors (shown on the console line)
+    # and the first failure is logged with its traceback. verl's default (naive) reward manager calls
+    # compute_score in the driver process with no time limit, so one hang stops its run forever
+    timeout_s: float = 10.0  # seconds one reward call may take; 0 = no limit
+    # stop the run (naming the function and its first failure) when more than this fraction of a step's rows
+    # fail; a step where every row fails stops it at any setting
+    max_error_fraction: float = 0.5
+    # reward worker processes; None = min(4, CPUs available / torchrun ranks on the node), at least 1;
+    # 0 = call the function in the driver process (no timeout, no protection from os._exit or a crash:
+    # verl's behaviour)
+    workers: int | None = None
     enable: bool | None = None  # None = auto: on when model_path is set; off = rule rewards on the driver
     model_path: str | None = None  # HF checkpoint of the reward model (Megatron RM or sequence classifier)
     # "megatron": a *ForSequenceClassification RM of a supported decoder family (Llama/Mistral/Qwen2/Qwen3)

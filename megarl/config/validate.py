@@ -424,3 +424,14 @@ def _check_reward_terms(cfg: MegarlConfig, check_paths: bool, problems: list[str
                 f"reward.overlong_buffer.enable=true; e.g. reward.overlong_buffer.len={max(1, limit // 4)}"
             )
         at_least(problems, "reward.overlong_buffer.penalty_factor", ob.penalty_factor, 0, "e.g. 1.0")
+    if not (math.isfinite(r.timeout_s) and r.timeout_s >= 0):
+        problems.append(
+            f"reward.timeout_s={r.timeout_s} must be a number of seconds ≥ 0 (0 = no limit); e.g. 10"
+        )
+    if not 0 <= r.max_error_fraction <= 1:  # also false for nan
+        problems.append(
+            f"reward.max_error_fraction={r.max_error_fraction} must be in [0, 1]; e.g. 0.5 (1 = stop only when "
+            "every row of a step fails)"
+        )
+    if r.workers is not None and r.workers < 0:
+        problems.append(f"reward.workers={r.workers} must be ≥ 0 (0 = in the driver process); e.g. 2")

@@ -5,7 +5,8 @@ string; the column is `data.prompt_key`), `ability`, `reward_model` ({style, gro
 `extra_info` (any dict, handed to the reward function). `PromptDataset` tokenises every prompt once, at
 load time (`megarl.data.chat` says how templates apply), and keeps the usable rows:
 
-- a malformed row (no prompt, wrong type, empty) is skipped and reported with its file and row;
+- a malformed row (no prompt, wrong type, empty; no ground truth when `require_ground_truth`, as the
+  rule rewards need) is skipped and reported with its file and row;
 - a prompt longer than `data.max_prompt_length` tokens is dropped and counted per file (one warning
   line); one so long in characters that it surely is (`megarl.data.lengths`) is dropped untokenised;
 - only when no row at all is usable does loading stop, with a `DataError` saying why and how to fix it.
@@ -40,6 +41,7 @@ __all__ = ["DataError", "DataReport", "PromptDataset", "PromptRow"]
 log = logging.getLogger("megarl.data")
 
 _SHOWN_ROWS = 5  # rows named per problem in messages
+_NO_TRUTH = "no ground truth (reward_model.ground_truth), which the rule rewards compare with"
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class PromptDataset:
         apply_chat_template: bool = True,
         filter_overlong_prompts: bool = True,
         config_key: str = "data.train_files",
+        require_ground_truth: bool = False,
     ) -> None:
         if not files:
             raise DataError(f"{config_key} is empty; set {config_key}=[path/to/train.parquet]")
@@ -101,6 +104,7 @@ class PromptDataset:
         self.config_key = config_key
         self.max_prompt_length = max_prompt_length
         self.report = DataReport(files=list(files))
+        self.require_ground_truth = require_ground_truth
         raw = [row for path in files for row in read_rows(path, config_key)]
         self.report.rows_read = len(raw)
         candidates = [c for c in (self._parse(r, prompt_key) for r in raw) if c is not None]
@@ -110,9 +114,14 @@ class PromptDataset:
 
     @classmethod
     def from_config(
-        cls, data: DataConfig, tokenizer: PreTrainedTokenizerBase, split: Literal["train", "val"] = "train"
+        cls,
+        data: DataConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        split: Literal["train", "val"] = "train",
+        require_ground_truth: bool = False,
     ) -> PromptDataset:
-        """The `data.train_files` or `data.val_files` dataset of a config."""
+        """The `data.train_files` or `data.val_files` dataset of a config (rows without a ground truth
+        skipped as malformed when `require_ground_truth`: the rule rewards need one)."""
         return cls(
             data.train_files if split == "train" else data.val_files,
             tokenizer,
@@ -121,6 +130,7 @@ class PromptDataset:
             apply_chat_template=data.apply_chat_template,
             filter_overlong_prompts=data.filter_overlong_prompts,
             config_key=f"data.{split}_files",
+            require_ground_truth=require_ground_truth,
         )
 
     def __len__(self) -> int:
@@ -173,6 +183,8 @@ class PromptDataset:
         for key in ("reward_model", "extra_info"):
             if problem is None and row.get(key) is not None and not isinstance(row[key], dict):
                 problem = f"{key} is {type(row[key]).__name__}, expected a dict"
+        if problem is None and self.require_ground_truth and _ground_truth(row) is None:
+            problem = _NO_TRUTH
         if problem is not None:
             return self._malformed(problem, raw)
         return raw, row[prompt_key]
@@ -253,7 +265,12 @@ class PromptDataset:
             f"{_count(len(rows), 'row')}: {problem} ({_first(rows)})" for problem, rows in r.malformed.items()
         ]
         fixes = []
-        if r.malformed:
+        if _NO_TRUTH in r.malformed:
+            fixes.append(
+                "give every row a reward_model.ground_truth (or set reward.function.path to a reward "
+                "function that needs none)"
+            )
+        if set(r.malformed) - {_NO_TRUTH}:
             fixes.append(
                 f"give every row a {prompt_key!r} (a chat list of {{role, content}} or a non-empty string; set "
                 "data.prompt_key if the column has another name)"
@@ -273,7 +290,7 @@ def _row(raw: RawRow, prompt: Any, text: str, ids: list[int]) -> PromptRow:
     row = raw.value
     assert isinstance(row, dict)
     reward_model = row.get("reward_model") or {}
-    ground_truth = reward_model.get("ground_truth", row.get("ground_truth"))
+    ground_truth = _ground_truth(row)
     ability = row.get("ability")
     return PromptRow(
         where=raw.where,
@@ -286,6 +303,13 @@ def _row(raw: RawRow, prompt: Any, text: str, ids: list[int]) -> PromptRow:
         extra_info=row.get("extra_info") or {},
         ability=None if ability is None else str(ability),
     )
+
+
+def _ground_truth(row: dict[str, Any]) -> Any:
+    """`reward_model.ground_truth`, else a top-level `ground_truth` (None: the row has none)."""
+    reward_model = row.get("reward_model") or {}
+    truth = reward_model.get("ground_truth")
+    return truth if truth is not None else row.get("ground_truth")
 
 
 def _plain(prompt: Any) -> str | Messages:

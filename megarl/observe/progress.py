@@ -12,7 +12,7 @@ score, KL and tokens/s, and where the step's time went (its `timing/<stage>` sec
 
     step 3/10 | reward 0.412 ±0.31 | val 0.500 | kl 0.0012 | entropy 1.23 | resp 7.1 tok | 1234 tok/s | 12.3s | ETA 1m26s
 
-The console shows every `logging.log_every`-th step (and the first, the last and validation steps) as
+(`reward errors 3` after the reward when rows' reward functions failed.) The console shows every `logging.log_every`-th step (and the first, the last and validation steps) as
 such a line, in a terminal above the live view; a task ends with one line, `starting the worker groups
 … done in 8.1 s`. `<output_dir>/metrics.jsonl` (always) and the TensorBoard / wandb backends get every
 step under the same names (see `megarl.observe.backends`).
@@ -149,6 +149,8 @@ class ProgressLog:
         parts = [f"step {step}/{self.total_steps}"]
         if "reward/mean" in m:
             parts.append(f"reward {_number(m['reward/mean'])} ±{_number(m.get('reward/std', 0.0))}")
+        if m.get("reward/errors"):  # rows whose reward function failed (scored 0)
+            parts.append(f"reward errors {m['reward/errors']:.0f}")
         parts += [f"{label} {_number(m[key])}" for key, label in _CONSOLE if key in m]
         if "response_length/mean" in m:
             parts.append(f"resp {m['response_length/mean']:.1f} tok")
@@ -323,6 +325,8 @@ class LiveView:
         parts = []
         if "reward/mean" in m:
             parts.append(f"reward {_number(m['reward/mean'])} ±{_number(m.get('reward/std', 0.0))}")
+        if m.get("reward/errors"):
+            parts.append(f"reward errors {m['reward/errors']:.0f}")
         for key in ("sft/loss", "pref/loss", "rm/loss"):
             if key in m:
                 parts.append(f"loss {_number(m[key])}")

@@ -12,9 +12,12 @@ The reward of a response is the weighted sum (`reward.weights`, default 1.0 each
   rm         the reward model's `rm_scores` column, when the batch has one (a reward worker wrote it)
   <column>   any other name in reward.weights: the batch's [n] tensor column of that name
 
-plus DAPO's overlong penalty when `reward.overlong_buffer.enable`. A reward function that raises (or
-returns no number) on a row gives that row 0 for the term and counts in `reward/errors`; the first
-traceback is logged once per RewardComputer.
+plus DAPO's overlong penalty when `reward.overlong_buffer.enable`. The function runs in reward worker
+processes (`megarl.rewards.pool`; `reward.workers`), each call within `reward.timeout_s`. A row whose call
+raises, calls `sys.exit`/`os._exit`, crashes its process, times out or returns no finite number scores 0
+for the term and counts in `reward/errors`; the first failure is logged once per RewardComputer, with its
+traceback. A step where more than `reward.max_error_fraction` of the rows fail, or every row, stops the
+run with `RewardFunctionError` naming the function and the first failure. `close()` stops the workers.
 
 The batch needs `responses` [n, R] and `response_mask` (else `attention_mask`, whose last R columns
 cover the response), or a non-tensor `response_text` column; and the non-tensor `data_source`,
@@ -25,8 +28,7 @@ cover the response), or a non-tensor `response_text` column; and the non-tensor 
 from __future__ import annotations
 
 import logging
-import math
-import traceback
+import os
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -37,9 +39,17 @@ from transformers import PreTrainedTokenizerBase
 
 from megarl.config.schema import MegarlConfig, RewardModelConfig
 from megarl.protocol import Batch, Col
-from megarl.rewards.custom import RewardError, load_reward_function
+from megarl.rewards.calls import Failed, Outcome, call_reward
+from megarl.rewards.custom import RewardError, RewardFunctionError, load_reward_function
 from megarl.rewards.overlong import overlong_penalty
-from megarl.rewards.registry import RewardFn, known_data_sources, reward_for
+from megarl.rewards.pool import FunctionSpec, RewardPool
+from megarl.rewards.registry import (
+    RewardFn,
+    RuleRewards,
+    default_compute_score,
+    known_data_sources,
+    reward_for,
+)
 
 log = logging.getLogger("megarl.rewards")
 
@@ -59,14 +69,44 @@ class RewardComputer:
         self.weights = dict(reward.weights)
         self.function: RewardFn | None = None
         self.function_desc = "the rule reward"
+        self._spec: FunctionSpec | None = None  # how a reward worker finds the function
         if reward.function.path:
             self.function = load_reward_function(reward.function.path, reward.function.name)
             self.function_desc = f"reward function {reward.function.name} from {reward.function.path}"
+            self._spec = FunctionSpec.file(reward.function.path, reward.function.name)
+        self.timeout_s = reward.timeout_s
+        self.max_error_fraction = reward.max_error_fraction
+        self.workers = default_workers() if reward.workers is None else reward.workers
+        self._pool: RewardPool | None = None
         self.overlong = reward.overlong_buffer
         if self.overlong.enable and max_response_length is None:
             raise ValueError("reward.overlong_buffer.enable=true needs the max_response_length")
         self.max_response_length = max_response_length
-        self.first_error: str | None = None  # the first row failure's traceback, logged once
+        self.first_error: str | None = None  # the first row failure (logged once, with its traceback)
+
+    def use_function(self, fn: RewardFn, description: str) -> None:
+        """Score every row with `fn` (verl's signature) instead of the rule rewards; it reaches the reward
+        workers pickled by value (cloudpickle), or runs in this process when it cannot be pickled."""
+        self.close()
+        self.function, self.function_desc, self._spec = fn, description, None
+
+    @property
+    def needs_ground_truth(self) -> bool:
+        """Whether the rows need a ground truth: the rule rewards compare the answer with it."""
+        return self.weight(FUNCTION) != 0 and self.function is None
+
+    def start(self) -> None:
+        """Start the reward worker processes now (else the first `score` does): they load the function
+        while the caller goes on, e.g. while the model workers start."""
+        pool = self._workers() if self.weight(FUNCTION) != 0 else None
+        if pool is not None:
+            pool.start()
+
+    def close(self) -> None:
+        """Stop the reward worker processes (started again on the next `score`)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     @classmethod
     def from_config(cls, cfg: MegarlConfig, tokenizer: PreTrainedTokenizerBase | None) -> RewardComputer:
@@ -179,29 +219,30 @@ class RewardComputer:
                 if reward_for(str(source)) is None:
                     raise RewardError(_unknown_source(str(source), _row_name(batch, row)))
         texts = self.response_texts(batch)
+        calls = [
+            {
+                "data_source": sources[row],
+                "solution_str": texts[row],
+                "ground_truth": truths[row],
+                "extra_info": infos[row],
+            }
+            for row in range(n)
+        ]
+        outcomes = self._call(calls, batch)
         scores = torch.zeros(n, dtype=torch.float32)
         extras: dict[str, list[float]] = defaultdict(list)
         by_source: dict[str, list[float]] = defaultdict(list)
         errors = 0
-        for row in range(n):
-            fn = self.function or reward_for(str(sources[row]))
-            assert fn is not None
-            try:
-                result = fn(
-                    data_source=sources[row],
-                    solution_str=texts[row],
-                    ground_truth=truths[row],
-                    extra_info=infos[row],
-                )
-                value, extra = _as_score(result)
-            except Exception:
+        for row, outcome in enumerate(outcomes):
+            value = 0.0
+            if isinstance(outcome, Failed):
                 errors += 1
-                self._report_error(batch, row, str(sources[row]))
-                value, extra = 0.0, {}
+            else:
+                value = outcome.value
+                for key, v in outcome.extras.items():
+                    extras[key].append(v)
             scores[row] = value
             by_source[str(sources[row])].append(value)
-            for key, v in extra.items():
-                extras[key].append(v)
         metrics = {f"reward/{key}/mean": float(np.mean(v)) for key, v in extras.items()}
         if len(by_source) > 1:
             metrics.update(
@@ -210,18 +251,87 @@ class RewardComputer:
         metrics["reward/errors"] = float(errors)
         return scores, metrics
 
-    def _report_error(self, batch: Batch, row: int, source: str) -> None:
-        if self.first_error is not None:
-            return
-        self.first_error = traceback.format_exc()
+    def _call(self, calls: list[dict[str, Any]], batch: Batch) -> list[Outcome]:
+        """Each row's outcome, from the reward workers (or this process, reward.workers=0); stops the
+        run when more than reward.max_error_fraction of the rows fail, or all of them."""
+        n = len(calls)
+        if n == 0:
+            return []
+        allowed = int(self.max_error_fraction * n)
+        failed: list[int] = []
+
+        def stop(row: int, failure: Failed) -> bool:
+            failed.append(row)
+            if self.first_error is None:
+                self.first_error = failure.summary
+                self._log_failure(batch, row, str(calls[row]["data_source"]), failure)
+            return len(failed) > allowed or len(failed) == n
+
+        pool = self._workers()
+        outcomes: list[Outcome | None]
+        if pool is not None:
+            outcomes = pool.run(calls, stop)
+        else:
+            fn = self.function or default_compute_score
+            outcomes = []
+            for kwargs in calls:
+                outcome = call_reward(fn, kwargs)
+                outcomes.append(outcome)
+                if isinstance(outcome, Failed) and stop(len(outcomes) - 1, outcome):
+                    break
+        if len(failed) > allowed or len(failed) == n:
+            first = outcomes[failed[0]]
+            assert isinstance(first, Failed)
+            done = sum(o is not None for o in outcomes)
+            counted = f"{len(failed)} of {n}" if done == n else f"{len(failed)} of the first {done} of {n}"
+            raise RewardFunctionError(
+                f"{self.function_desc} failed on {counted} rows of this step (reward.max_error_fraction="
+                f"{self.max_error_fraction:g} allows {allowed}); the first, {_row_name(batch, failed[0])} "
+                f"(data_source {calls[failed[0]]['data_source']!r}): {first.summary}. Fix the function (its first "
+                "failure is logged above with the traceback), or raise reward.max_error_fraction to train on with failed rows "
+                "scored 0"
+            )
+        return [o if o is not None else Failed("not scored") for o in outcomes]
+
+    def _workers(self) -> RewardPool | None:
+        """The reward worker pool (started on first use); None: call in this process (reward.workers=0,
+        or a function that cannot be pickled)."""
+        if self._pool is not None or self.workers == 0:
+            return self._pool
+        if self._spec is None:
+            try:
+                self._spec = FunctionSpec.pickled(self.function or RuleRewards())
+            except Exception as e:  # a closure over a lock, an open file, ...
+                log.warning(
+                    "%s cannot be sent to reward worker processes (%s: %s); it runs in the driver process, "
+                    "without reward.timeout_s and unprotected from sys.exit/os._exit/crashes",
+                    self.function_desc,
+                    type(e).__name__,
+                    e,
+                )
+                self.workers = 0
+                return None
+        self._pool = RewardPool(self._spec, self.workers, self.timeout_s or None, self.function_desc)
+        return self._pool
+
+    def _log_failure(self, batch: Batch, row: int, source: str, failure: Failed) -> None:
+        detail = f"\n{failure.detail}" if failure.detail else ""
         log.warning(
-            "%s raised on %s (data_source %r); that row scores 0 and counts in reward/errors (later errors "
-            "are only counted). First traceback:\n%s",
+            "%s failed on %s (data_source %r): %s; that row scores 0 and counts in reward/errors (later "
+            "failures are only counted).%s",
             self.function_desc,
             _row_name(batch, row),
             source,
-            self.first_error.rstrip(),
+            failure.summary,
+            detail,
         )
+
+
+def default_workers() -> int:
+    """reward.workers=None: up to 4, sharing this machine's CPUs with the other processes that score
+    (under torchrun every rank on the node runs the driver loop, rewards included)."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(4, len(os.sched_getaffinity(0)) // max(1, local_ranks)))
 
 
 def _unknown_source(source: str, where: str) -> str:
@@ -237,30 +347,6 @@ def _row_name(batch: Batch, row: int) -> str:
     if "index" in batch.tensors.keys():
         return f"batch row {row}, dataset row {int(batch['index'][row])}"
     return f"batch row {row}"
-
-
-def _as_score(result: Any) -> tuple[float, dict[str, float]]:
-    """(score, numeric extras) of a reward function's result: a number, or a dict with a "score"."""
-    extra: dict[str, float] = {}
-    if isinstance(result, dict):
-        if "score" not in result:
-            raise TypeError(f"the reward function returned a dict without a 'score' key: {sorted(result)}")
-        extra = {k: float(v) for k, v in result.items() if k != "score" and _is_number(v)}
-        result = result["score"]
-    if not _is_number(result):
-        raise TypeError(f"the reward function returned {type(result).__name__}, expected a number or a dict")
-    value = float(result)
-    if not math.isfinite(value):
-        raise ValueError(f"the reward function returned {value}")
-    return value, extra
-
-
-def _is_number(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.numel() == 1
-    if isinstance(value, np.ndarray):
-        return value.size == 1
-    return isinstance(value, int | float | np.number)  # bools are ints: True scores 1
 
 
 def _column(batch: Batch, key: str, n: int, default: Any) -> list[Any]:

@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.errors import EXIT_FAILED, EXIT_USAGE, MegarlError
 from megarl.rewards.registry import RewardFn
 
 
@@ -15,6 +15,12 @@ class RewardError(MegarlError, ValueError):
     """A reward that cannot be computed at all (as opposed to one row's failure); says how to fix it."""
 
     exit_code = EXIT_USAGE
+
+
+class RewardFunctionError(RewardError):
+    """A step whose reward function failed on too many rows (reward.max_error_fraction): the run stops."""
+
+    exit_code = EXIT_FAILED
 
 
 def load_reward_function(path: str, name: str = "compute_score") -> RewardFn:
@@ -30,6 +36,12 @@ def load_reward_function(path: str, name: str = "compute_score") -> RewardFn:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
+    except SystemExit as e:  # not the run's exit code: say which file ended it
+        del sys.modules[module_name]
+        raise RewardError(
+            f"reward.function.path={path} called sys.exit({e.code!r}) while being imported; a reward file "
+            'must only define functions at import (move the code under `if __name__ == "__main__":`)'
+        ) from None
     except Exception as e:
         del sys.modules[module_name]
         raise RewardError(
@@ -37,8 +49,18 @@ def load_reward_function(path: str, name: str = "compute_score") -> RewardFn:
         ) from e
     fn = getattr(module, name, None)
     if not callable(fn):
-        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise RewardError(
-            f"{path} defines no function {name!r}; set reward.function.name to one of: {', '.join(defined)}"
+        found = (
+            "does not define it" if fn is None else f"defines {name} as {type(fn).__name__}, not a function"
         )
+        defined = sorted(
+            k
+            for k, v in vars(module).items()
+            if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module_name
+        )
+        fix = (
+            f"set reward.function.name to one of its functions: {', '.join(defined)}"
+            if defined
+            else f"define `def {name}(data_source, solution_str, ground_truth, extra_info=None)` in it"
+        )
+        raise RewardError(f"{path} has no reward function {name!r}: it {found}; {fix}")
     return fn

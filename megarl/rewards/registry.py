@@ -51,6 +51,29 @@ def reward_for(data_source: str) -> RewardFn | None:
     return None
 
 
+class RuleRewards:
+    """`default_compute_score` over the rules registered when it is made: what reward worker processes
+    get (pickled), so that a rule registered in the driver's Python scores there too."""
+
+    def __init__(self) -> None:
+        self.rules = dict(_REWARDS)
+
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+    ) -> float | dict[str, Any]:
+        fn = self.rules.get(data_source)
+        if fn is None and "countdown" in data_source:
+            fn = self.rules["countdown"]
+        if fn is None:
+            raise UnknownDataSource(f"no rule reward for data_source {data_source!r}")
+        return fn(
+            data_source=data_source,
+            solution_str=solution_str,
+            ground_truth=ground_truth,
+            extra_info=extra_info,
+        )
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
 ) -> float | dict[str, Any]:
@@ -63,23 +86,34 @@ def default_compute_score(
     )
 
 
+def _truth(ground_truth: Any, data_source: str) -> Any:
+    """The row's ground truth; a row without one fails (counted in reward/errors) instead of being
+    compared with the text "None"."""
+    if ground_truth is None:
+        raise ValueError(
+            f"the row has no ground truth (reward_model.ground_truth), which the {data_source!r} rule reward "
+            "compares the answer with; give every row one (megarl's data loading skips such rows)"
+        )
+    return ground_truth
+
+
 @register_reward("openai/gsm8k")
 def _gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
-    return gsm8k.compute_score(solution_str, ground_truth)
+    return gsm8k.compute_score(solution_str, _truth(ground_truth, data_source))
 
 
 @register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def _math(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
-    return math_boxed.compute_score(solution_str, ground_truth)
+    return math_boxed.compute_score(solution_str, _truth(ground_truth, data_source))
 
 
 @register_reward("countdown")
 def _countdown(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> float:
-    return countdown.compute_score(solution_str, ground_truth)
+    return countdown.compute_score(solution_str, _truth(ground_truth, data_source))
 
 
 @register_reward("megarl/digits_sort", "megarl/digits_reverse", "megarl/digits_add")
 def _digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
-    return digits.compute_score(solution_str, ground_truth)
+    return digits.compute_score(solution_str, _truth(ground_truth, data_source))

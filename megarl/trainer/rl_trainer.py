@@ -64,12 +64,18 @@ class RLTrainer(SessionTrainer):
         self.cfg = cfg = resolve_for_run(cfg)  # a config edited in Python is checked again here
         # Everything that can be wrong with the data or the rewards fails here, before any worker starts.
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
-        self.train_data = PromptDataset.from_config(cfg.data, self.tokenizer, split="train")
+        self.reward = reward or RewardComputer.from_config(cfg, self.tokenizer)
+        # the rule rewards compare with each row's ground truth: rows without one are reported and skipped
+        truth = self.reward.needs_ground_truth
+        self.train_data = PromptDataset.from_config(
+            cfg.data, self.tokenizer, "train", require_ground_truth=truth
+        )
         self.val_data = (
-            PromptDataset.from_config(cfg.data, self.tokenizer, split="val") if cfg.data.val_files else None
+            PromptDataset.from_config(cfg.data, self.tokenizer, "val", require_ground_truth=truth)
+            if cfg.data.val_files
+            else None
         )
         self.loader = PromptLoader.from_config(cfg.data, self.train_data)
-        self.reward = reward or RewardComputer.from_config(cfg, self.tokenizer)
         if reward is None:
             self.reward.check_data_sources(self.train_data.data_sources, "data.train_files")
             if self.val_data is not None:
@@ -92,6 +98,7 @@ class RLTrainer(SessionTrainer):
         self.history: list[dict[str, float]] = []
         self._began = False
         try:  # stop the worker processes and close the logging backends if anything below fails
+            self.reward.start()  # the reward workers load while the model workers start
             self.roles = session.start()
             self.log, self.profiler, self.checkpoints = session.log, session.profiler, session.checkpoints
             self.is_writer = session.is_writer
@@ -134,6 +141,15 @@ class RLTrainer(SessionTrainer):
         self.done_step = step
         self.bad_steps.check()  # BadStepsError after trainer.max_bad_steps bad steps in a row
         return metrics
+
+    def close(self) -> None:
+        """Stop every worker process (the reward workers too), flush and close the logging backends and
+        write the report (logging.report, once training began); idempotent."""
+        try:
+            super().close()
+        finally:
+            if getattr(self, "reward", None) is not None:
+                self.reward.close()
 
     def _begin(self) -> None:
         """Once per trainer, before its first step: describe the run and validate at step 0 (a fresh
@@ -215,12 +231,15 @@ class RLTrainer(SessionTrainer):
         # the flow's own generate and scoring stages (a user's reward or added scoring stage included)
         stages = [self.flow["generate"], *scoring_stages(self.flow)]
         scores, sources, samples = [], [], []
+        errors: float | None = None
         for prompts in val_data.batches(self.cfg.data.val_batch_size or len(val_data)):
             ctx = StepContext(step=step, validate=True)
             rollout = prompts
             for stage in stages:
                 rollout = stage.run(ctx, rollout)
             scores.append(rollout["scores"].float())
+            if "reward/errors" in ctx.metrics:
+                errors = (errors or 0.0) + ctx.metrics["reward/errors"]
             batch_sources = (
                 list(rollout["data_source"]) if "data_source" in rollout else ["val"] * len(rollout)
             )
@@ -231,6 +250,8 @@ class RLTrainer(SessionTrainer):
             write_samples(Path(dump_dir) / f"step_{step}.jsonl", samples)
         scores_t = torch.cat(scores)
         metrics = {"val/reward/mean": scores_t.mean().item()}
+        if errors is not None:
+            metrics["val/reward/errors"] = errors
         for source in sorted(set(sources)):
             picked = torch.tensor([s == source for s in sources])
             metrics[f"val/{source}/reward/mean"] = scores_t[picked].mean().item()

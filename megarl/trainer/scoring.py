@@ -55,8 +55,11 @@ def reward_stage(reward: RewardComputer, with_rm: bool) -> Stage:
     weighted column must run before it."""
 
     def score(ctx: StepContext, batch: Batch) -> dict:
+        earlier_errors = ctx.metrics.get("reward/errors", 0.0)
         scores, metrics = reward.score(batch)
         ctx.metrics.update(metrics)
+        if "reward/errors" in metrics:  # every batch the step scored (ReMax's, DAPO's extra ones) counts
+            ctx.metrics["reward/errors"] += earlier_errors
         return {Col.SCORES: scores.float()}
 
     return Stage("reward", score, reads=reward.reads(with_rm), writes=(Col.SCORES,))

@@ -30,6 +30,8 @@ ERRORS = [  # module, class, builtin base, exit code
     ("megarl.models.from_hf", "UnsupportedModelError", ValueError, EXIT_USAGE),
     ("megarl.rewards.custom", "RewardError", ValueError, EXIT_USAGE),
     ("megarl.rewards.registry", "UnknownDataSource", KeyError, EXIT_USAGE),
+    ("megarl.rewards.custom", "RewardFunctionError", ValueError, EXIT_FAILED),
+    ("megarl.rewards.pool", "RewardPoolError", RuntimeError, EXIT_FAILED),
     ("megarl.checkpoint.run", "ResumeError", ValueError, EXIT_USAGE),
     ("megarl.trainer.dataflow", "DataflowError", ValueError, EXIT_USAGE),
     ("megarl.controller.faults", "InjectedFault", RuntimeError, EXIT_FAILED),
@@ -47,6 +49,11 @@ def test_each_error_is_a_megarl_error_with_its_exit_code(module, name, base, exi
     assert error.exit_code == exit_code
 
 
+# control flow that never leaves its process: a reward worker's time limit is a BaseException so that a
+# reward function's own `except Exception` cannot swallow it (the worker turns it into a failed row)
+INTERNAL = {"megarl/rewards/calls.py: RewardTimeout"}
+
+
 def test_no_error_class_bypasses_megarl_error():
     """A new error class deriving straight from a builtin exception fails here: give it MegarlError."""
     bypassing = []
@@ -56,7 +63,7 @@ def test_no_error_class_bypasses_megarl_error():
                 bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
                 if bases & BUILTIN_ERRORS and "MegarlError" not in bases:
                     bypassing.append(f"{path.relative_to(PACKAGE.parent)}: {node.name}")
-    assert not bypassing
+    assert sorted(set(bypassing) - INTERNAL) == []
 
 
 def test_the_command_line_names_the_command_and_exits_with_the_errors_code(capsys):

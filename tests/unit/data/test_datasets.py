@@ -183,3 +183,27 @@ def test_a_json_list_file_is_read_row_by_row(tmp_path, tokenizer):
     path.write_text('[{"data_source": "x", "prompt": "1 + 1 ="}, {"data_source": "x"}]')
     ds = PromptDataset([str(path)], tokenizer, 64)
     assert len(ds) == 1 and ds.report.malformed == {"no 'prompt' field": ["p.json row 1"]}
+
+
+def test_rows_without_a_ground_truth_are_reported_when_the_rewards_need_one(tmp_path, tokenizer, caplog):
+    rows = [verl_row("12 + 7 =", "19"), verl_row("3 * 4 =", "12"), verl_row("5 - 1 =", "4")]
+    rows[1]["reward_model"] = None
+    del rows[2]["reward_model"]["ground_truth"]
+    path = write_parquet(tmp_path / "train.parquet", rows)
+    assert len(PromptDataset([path], tokenizer, 64)) == 3  # a reward function of the user's may need none
+    with caplog.at_level(logging.WARNING, logger="megarl.data"):
+        ds = PromptDataset([path], tokenizer, 64, require_ground_truth=True)
+    assert [r.ground_truth for r in ds.rows] == ["19"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.train_files: skipped 2 malformed of 3 rows: no ground truth (reward_model.ground_truth), which the "
+        "rule rewards compare with (2: train.parquet row 1, train.parquet row 2)"
+    ]
+    only_bad = write_parquet(tmp_path / "bad.parquet", rows[1:])
+    with pytest.raises(DataError) as info:
+        PromptDataset([only_bad], tokenizer, 64, require_ground_truth=True)
+    assert str(info.value) == (
+        f"data.train_files: no usable prompt in {only_bad} (2 rows read): 2 rows: no ground truth "
+        "(reward_model.ground_truth), which the rule rewards compare with (bad.parquet row 0, bad.parquet row 1). "
+        "Fix: give every row a reward_model.ground_truth (or set reward.function.path to a reward function that "
+        "needs none)"
+    )

@@ -93,7 +93,8 @@ def test_a_raising_reward_gives_that_row_zero_counts_it_and_logs_one_traceback(t
         """,
     )
     computer = RewardComputer(
-        RewardModelConfig(function=RewardFunctionConfig(path=path, name="score_it")), tokenizer
+        RewardModelConfig(function=RewardFunctionConfig(path=path, name="score_it"), max_error_fraction=1.0),
+        tokenizer,
     )
     batch = rollout(tokenizer, ["ok", "boom", "boom"], ["s"] * 3, ["x"] * 3)
     with caplog.at_level(logging.WARNING, logger="megarl.rewards"):
@@ -103,22 +104,39 @@ def test_a_raising_reward_gives_that_row_zero_counts_it_and_logs_one_traceback(t
     (record,) = caplog.records
     message = record.getMessage()
     assert message.startswith(
-        f"reward function score_it from {path} raised on batch row 1, dataset row 11 (data_source 's'); that row "
-        "scores 0 and counts in reward/errors (later errors are only counted). First traceback:\nTraceback"
+        f"reward function score_it from {path} failed on batch row 1, dataset row 11 (data_source 's'): "
+        "ValueError: cannot parse boom; that row scores 0 and counts in reward/errors (later failures are only "
+        "counted).\nTraceback (most recent call last):\n"
     )
     assert message.endswith("ValueError: cannot parse boom")
 
 
-@pytest.mark.parametrize("result", ["None", "'1.0'", "{'acc': 1.0}", "float('nan')"])
-def test_a_result_that_is_not_a_score_counts_as_an_error(tmp_path, tokenizer, result):
+@pytest.mark.parametrize(
+    ("result", "why"),
+    [
+        ("None", "TypeError: the reward function returned None; expected a number or a dict with a 'score'"),
+        ("'1.0'", "TypeError: the reward function returned a str ('1.0'); expected a number or a dict"),
+        ("{'acc': 1.0}", "TypeError: the reward function returned a dict without a 'score' key: ['acc']"),
+        ("float('nan')", "ValueError: the reward function returned nan; a score must be finite"),
+        (
+            "numpy.ones(3)",
+            "TypeError: the reward function returned a ndarray of shape (3,); expected a number",
+        ),
+    ],
+)
+def test_a_result_that_is_not_a_score_counts_as_an_error(tmp_path, tokenizer, caplog, result, why):
     path = reward_file(
         tmp_path,
-        f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return {result}\n",
+        "import numpy\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    return {result} if solution_str == 'bad' else numpy.float32(0.5)\n",
     )
-    scores, metrics = RewardComputer(
-        RewardModelConfig(function=RewardFunctionConfig(path=path)), tokenizer
-    ).score(rollout(tokenizer, ["a"], ["s"], ["a"]))
-    assert scores.tolist() == [0.0] and metrics["reward/errors"] == 1
+    computer = RewardComputer(RewardModelConfig(function=RewardFunctionConfig(path=path)), tokenizer)
+    with caplog.at_level(logging.WARNING, logger="megarl.rewards"):
+        scores, metrics = computer.score(rollout(tokenizer, ["ok", "bad"], ["s"] * 2, ["a"] * 2))
+    assert scores.tolist() == [0.5, 0.0] and metrics["reward/errors"] == 1  # a numpy scalar is a number
+    assert why in caplog.records[0].getMessage()
+    computer.close()
 
 
 def test_unknown_data_source_without_a_function_names_source_row_and_fix(tokenizer):
@@ -202,12 +220,26 @@ def test_loading_a_reward_file_reports_what_is_wrong(tmp_path):
         RewardError, match=r"failed to import: ModuleNotFoundError: .*not_a_module_anywhere.*; fix the file"
     ):
         load_reward_function(broken)
-    other = reward_file(tmp_path, "def my_score(*a, **k):\n    return 1.0\n", "other.py")
+    other = reward_file(tmp_path, "import os\ndef my_score(*a, **k):\n    return 1.0\n", "other.py")
     with pytest.raises(RewardError) as info:
         load_reward_function(other)
-    assert (
-        str(info.value)
-        == f"{other} defines no function 'compute_score'; set reward.function.name to one of: my_score"
+    assert str(info.value) == (
+        f"{other} has no reward function 'compute_score': it does not define it; set reward.function.name to "
+        "one of its functions: my_score"
+    )
+    number = reward_file(tmp_path, "compute_score = 5\n", "number.py")
+    with pytest.raises(RewardError) as info:
+        load_reward_function(number)
+    assert str(info.value) == (
+        f"{number} has no reward function 'compute_score': it defines compute_score as int, not a function; "
+        "define `def compute_score(data_source, solution_str, ground_truth, extra_info=None)` in it"
+    )
+    exits = reward_file(tmp_path, "import sys\nsys.exit(3)\n", "exits.py")
+    with pytest.raises(RewardError) as info:
+        load_reward_function(exits)
+    assert str(info.value) == (
+        f"reward.function.path={exits} called sys.exit(3) while being imported; a reward file must only "
+        'define functions at import (move the code under `if __name__ == "__main__":`)'
     )
 
 

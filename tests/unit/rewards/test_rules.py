@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import re
+import time
+
 import pytest
 
 from megarl.rewards import (
@@ -99,6 +103,53 @@ def test_countdown_checks_numbers_and_target():
     assert countdown.compute_score("4 * 6 * 1", truth) == 0.0  # no <answer> tags
     # TinyZero's names: anything containing "countdown" (e.g. Jiayi-Pan/Countdown-Tasks-3to4 preprocessed)
     assert reward_for("countdown_3to4") is reward_for("countdown")
+
+
+def _tinyzero_score(answer: str, truth: dict) -> float:
+    """TinyZero's countdown score with its `eval` (safe here: the sweep's answers are made below)."""
+    numbers = sorted(int(n) for n in re.findall(r"\d+", answer))
+    if numbers != sorted(truth["numbers"]):
+        return 0.1
+    try:
+        value = eval(answer, {"__builtins__": None}, {})  # noqa: S307
+    except (SyntaxError, ZeroDivisionError, TypeError, ValueError, OverflowError):
+        return 0.1
+    return 1.0 if abs(float(value) - truth["target"]) < 1e-5 else 0.1
+
+
+def test_countdown_scores_equal_tinyzeros_eval_on_arithmetic_answers():
+    """A sweep of + - * / answers (some malformed, some with a wrong number) scores as TinyZero's eval."""
+    rng = random.Random(0)
+
+    def equation(numbers: list[int]) -> str:
+        if len(numbers) == 1:
+            return str(numbers[0])
+        k = rng.randrange(1, len(numbers))
+        left, right, op = equation(numbers[:k]), equation(numbers[k:]), rng.choice("+-*/")
+        return f"{left} {op} {right}" if rng.random() < 0.5 else f"({left}){op}({right})"
+
+    checked = set()
+    for _ in range(3000):
+        numbers = [rng.randint(1, 99) for _ in range(rng.randint(2, 5))]
+        answer = equation(rng.sample(numbers, len(numbers)))
+        if rng.random() < 0.1:
+            answer += rng.choice([")", "(", " 7", "*", "-", "/ 0", " . 5"])
+        value = countdown.evaluate(answer)
+        target = int(value) if value is not None and value == int(value) and rng.random() < 0.7 else 5
+        truth = {"target": target, "numbers": numbers if rng.random() < 0.9 else numbers[:-1]}
+        expected = _tinyzero_score(answer, truth)
+        assert countdown.compute_score(f"Assistant: <answer>{answer}</answer>", truth) == expected, answer
+        checked.add(expected)
+    assert checked == {0.1, 1.0}
+
+
+@pytest.mark.parametrize("answer", ["99**98**97", "9**9**9**9", "2**3", "8//3", "(1)(2)", "9" * 300])
+def test_countdown_never_evaluates_powers_or_unbounded_answers(answer):
+    start = time.monotonic()
+    numbers = [int(n) for n in re.findall(r"\d+", answer)]
+    assert countdown.evaluate(answer) is None
+    assert countdown.compute_score(f"<answer>{answer}</answer>", {"target": 8, "numbers": numbers}) == 0.1
+    assert time.monotonic() - start < 0.1
 
 
 def test_unknown_source_and_registration(monkeypatch):
