@@ -219,16 +219,17 @@ def _alive(pid: int) -> bool:
 def test_the_containment_keys_are_checked_at_load_time():
     from megarl.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError) as info:
-        load_config(
-            None,
-            ["reward.timeout_s=-1", "reward.max_error_fraction=nan", "reward.workers=-2"],
-            check_paths=False,
-        )
-    text = str(info.value)
+    def problems(*overrides: str) -> str:
+        with pytest.raises(ConfigError) as info:
+            load_config(None, list(overrides), check_paths=False)
+        return str(info.value)
+
+    text = problems("reward.timeout_s=-1", "reward.max_error_fraction=1.5", "reward.workers=-2")
     assert "reward.timeout_s=-1.0 must be a number of seconds ≥ 0 (0 = no limit); e.g. 10" in text
-    assert "reward.max_error_fraction=nan must be in [0, 1]; e.g. 0.5 (1 = stop only when every row" in text
+    assert "reward.max_error_fraction=1.5 must be in [0, 1]; e.g. 0.5 (1 = stop only when every row" in text
     assert "reward.workers=-2 must be ≥ 0 (0 = in the driver process); e.g. 2" in text
+    # a NaN is refused first, alone, by the check of every float key (megarl.config.field_checks)
+    assert "reward.max_error_fraction=nan is not a finite number" in problems("reward.max_error_fraction=nan")
     cfg = load_config(None, [], check_paths=False).reward
     assert (cfg.timeout_s, cfg.max_error_fraction, cfg.workers) == (10.0, 0.5, None)
 
