@@ -107,14 +107,88 @@ def check_job(step_dir: Path, state: dict[str, Any], job: str) -> None:
 
 
 def read_trainer_state(step_dir: Path) -> dict[str, Any]:
+    """The checkpoint's trainer_state.json, its fields checked: a damaged file is named with the field
+    at fault (ResumeError), before any worker starts."""
     path = step_dir / TRAINER_STATE
     try:
         state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ResumeError(f"{path} cannot be read ({e}); resume from an earlier step directory") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResumeError(
+            f"{path} cannot be read ({type(e).__name__}: {e}); {_DAMAGED_ADVICE.format(run=step_dir.parent)}"
+        ) from None
+    if not isinstance(state, dict):
+        raise ResumeError(
+            f"{path} holds a JSON {type(state).__name__}, not the trainer's state (an object); "
+            + _DAMAGED_ADVICE.format(run=step_dir.parent)
+        )
     if state.get("version") != STATE_VERSION:
         raise ResumeError(f"{path}: trainer state version {state.get('version')} is not {STATE_VERSION}")
+    fields = {**_STATE_FIELDS, **(_RL_STATE_FIELDS if state.get("job", RL_JOB) == RL_JOB else {})}
+    for name, (kinds, what) in fields.items():
+        value: Any = state
+        for part in name.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is _MISSING and name in _OPTIONAL:
+            continue
+        if value is _MISSING:
+            problem = "is missing"
+        elif not isinstance(value, kinds) or isinstance(value, bool) or (what.endswith("≥ 0") and value < 0):
+            problem = f"is {json.dumps(value)[:60]}, not {what}"
+        else:
+            continue
+        raise ResumeError(f"{path}: field '{name}' {problem}; {_DAMAGED_ADVICE.format(run=step_dir.parent)}")
     return state
+
+
+_MISSING = object()
+_DAMAGED_ADVICE = (
+    "the file is damaged: resume from an earlier step directory (trainer.resume={run}/step_<N>) "
+    "or start afresh with trainer.resume=disable"
+)
+_COUNT = ((int,), "a whole number ≥ 0")
+# what every trainer's state holds ({field: (types, in words)}), and what the RL trainer's adds
+_STATE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "step": _COUNT,
+    "job": ((str,), "a job name (rl, sft, dpo, …)"),
+    "data": ((dict,), "an object (the data position)"),
+    "data_files": ((list,), "a list of the training files' fingerprints"),
+}
+_RL_STATE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "data.epoch": _COUNT,
+    "data.position": _COUNT,
+    "data.seed": ((int,), "a whole number (data.seed)"),
+    "kl_ctrl": ((dict,), "an object"),
+    "next_uid": _COUNT,
+    "best_val_reward": ((float, int, type(None)), "a number or null"),
+    "bad_steps": ((dict,), "an object"),
+    "driver_rng": ((dict,), "an object"),
+}
+_OPTIONAL = {"job", "data_files"}  # absent from the checkpoints of earlier megarl versions
+
+
+def check_data_files(step_dir: Path, state: dict[str, Any], ours: list[dict[str, Any]]) -> str | None:
+    """The training files (data.train_files) hold the bytes the checkpoint was trained on (their
+    fingerprints: megarl.data.files.fingerprint_files; paths may differ): ResumeError naming the files
+    otherwise. Returns a note for a checkpoint saved before fingerprints were kept."""
+    saved = state.get("data_files")
+    if saved is None:
+        return (
+            f"{step_dir} holds no fingerprint of its training files (saved by an earlier megarl): only their "
+            "row count and data.seed are compared"
+        )
+    if [f.get("sha256") for f in saved] == [f["sha256"] for f in ours]:
+        return None
+
+    def describe(files: list[dict[str, Any]]) -> str:
+        return ", ".join(
+            f"{f.get('path')} ({f.get('bytes')} bytes, sha256 {str(f.get('sha256'))[:12]}…)" for f in files
+        )
+
+    raise ResumeError(
+        f"{step_dir} was trained on other data: data.train_files = {describe(ours)}; the checkpoint's were "
+        f"{describe(saved)}. Resume with the files it was trained on, or start afresh with "
+        "trainer.resume=disable (or another trainer.output_dir)"
+    )
 
 
 TRAINED_ROLES = ("actor", "critic")
@@ -204,7 +278,11 @@ class RunCheckpoints:
         is_writer: bool,
         max_checkpoints: int | None = None,
         spmd: bool = False,
+        run_state: dict[str, Any] | None = None,
     ) -> None:
+        """`run_state`: what every save's trainer_state.json holds besides the trainer's own (the data
+        files' fingerprints)."""
+        self.run_state = run_state or {}
         self.root = checkpoints_dir(output_dir)
         self.groups = {role: g for role, g in groups.items() if g is not None}
         self.is_writer, self.max_checkpoints, self.spmd = is_writer, max_checkpoints, spmd
@@ -236,7 +314,7 @@ class RunCheckpoints:
             written += sum(r.get("bytes_written", 0) for r in reports)
         if self.is_writer:
             (staging / "config.yaml").write_text(config_yaml)
-            state = {"version": STATE_VERSION, "step": step, **trainer_state}
+            state = {"version": STATE_VERSION, "step": step, **self.run_state, **trainer_state}
             write_text_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2), durable=True)
             if final.exists():  # only if something outside this run made it: keep it, out of the way
                 final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))

@@ -128,11 +128,8 @@ class OfflineTrainer(SessionTrainer):
             f"megarl {self.job}: {len(self.examples)} {self.items}, {self.total_steps} steps of "
             f"{self.batch_size} on {self.cfg.model.path}"
         )
-        if self.done_step >= self.total_steps:
-            self.log.warn(
-                f"megarl {self.job}: {self.resume_from} is at step {self.done_step}, trainer.total_steps="
-                f"{self.total_steps}: nothing left to train; exporting it (trainer.resume=disable starts afresh)"
-            )
+        if (nothing_left := self.session.nothing_left(self.done_step, exports=True)) is not None:
+            self.log.warn(nothing_left)
         self._begin()
         while self.done_step < self.total_steps:
             self.step()

@@ -114,6 +114,8 @@ class RLTrainer(SessionTrainer):
         run's included). The workers keep running: a later `fit(total_steps=…)` continues. The actor's
         LR schedule spans the configured total; steps past it keep its final learning rate."""
         self._retarget(total_steps)
+        if (nothing_left := self.session.nothing_left(self.done_step, self.cfg.trainer.save_hf)) is not None:
+            self.log.warn(nothing_left)
         self._begin()
         while self.done_step < self.total_steps:
             self.step()

@@ -21,6 +21,7 @@ from megarl.checkpoint.run import (
     RL_JOB,
     TRAINED_ROLES,
     RunCheckpoints,
+    check_data_files,
     check_job,
     check_resumable,
     precheck_roles,
@@ -28,6 +29,7 @@ from megarl.checkpoint.run import (
     resolve_resume,
 )
 from megarl.config.schema import MegarlConfig
+from megarl.data.files import fingerprint_files
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
@@ -52,14 +54,21 @@ class RunSession:
         self.says = "megarl" if job == RL_JOB else f"megarl {job}"  # how its messages begin
         self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
         self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer state
+        self.roles = roles
+        self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
+        self.notes: list[str] = []  # said once the progress log is open
+        # the training files' fingerprints, kept in every checkpoint and compared on resume (writer only)
+        self.data_files = fingerprint_files(cfg.data.train_files) if self.is_writer else None
         if self.resume_from is not None:
             self.resumed = read_trainer_state(self.resume_from)
             check_job(self.resume_from, self.resumed, job)
+            if self.data_files is not None and (
+                note := check_data_files(self.resume_from, self.resumed, self.data_files)
+            ):
+                self.notes.append(f"{self.says}: {note}")
             check_resumable(self.resume_from, self.role_names)
             precheck_roles(self.resume_from, cfg, total_steps, self.role_names)
         self.start_step = self.resumed["step"] if self.resumed is not None else 0
-        self.roles = roles
-        self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
         self._log: ProgressLog | None = None
         self.began_training = False  # set by the trainer at its first step: the report is due at close
         self._closed = False
@@ -70,6 +79,8 @@ class RunSession:
         cfg = self.cfg
         resume_step = self.start_step if self.resumed is not None else None
         self._log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, self.stream, resume_step)
+        for note in self.notes:
+            self._log.warn(note)
         if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
             write_run_files(cfg, self.output_dir)
         if self.roles is None:
@@ -80,8 +91,9 @@ class RunSession:
         trained = {role: group for role, group in trained.items() if group is not None}
         self.profiler = StepProfiler.for_run(cfg, trained, self.is_writer)
         spmd = cfg.trainer.launcher == "torchrun"
+        run_state = {"data_files": self.data_files} if self.data_files is not None else None
         self.checkpoints = RunCheckpoints(
-            self.output_dir, trained, self.is_writer, cfg.trainer.max_checkpoints, spmd=spmd
+            self.output_dir, trained, self.is_writer, cfg.trainer.max_checkpoints, spmd, run_state
         )
         return self.roles
 
@@ -105,6 +117,18 @@ class RunSession:
                 f"{self.says}: checkpoints after step {self.start_step} belong to another run's future; "
                 f"kept aside as {', '.join(n + '.superseded' for n in superseded)} in {self.checkpoints.root}"
             )
+
+    def nothing_left(self, done_step: int, exports: bool) -> str | None:
+        """What to say when a resumed run is already at (or past) its last step: `fit` then trains
+        nothing (and exits 0); `exports`: the model is still written as a Hugging Face checkpoint."""
+        if self.resume_from is None or done_step < self.total_steps or done_step > self.start_step:
+            return None
+        then = "; writing its Hugging Face export" if exports else ""
+        return (
+            f"{self.says}: {self.resume_from} is at step {done_step} and this run ends at step {self.total_steps} "
+            f"(trainer.total_steps or its epochs): nothing left to train{then}. Raise trainer.total_steps to train "
+            "further, or start afresh with trainer.resume=disable"
+        )
 
     def retarget(self, total_steps: int) -> None:
         """Make `total_steps` the run's last step (what the progress log counts to)."""

@@ -113,3 +113,67 @@ def test_driver_rng_states_round_trip_through_json():
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     restore_rng(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+RL_STATE = {
+    "version": 1,
+    "step": 4,
+    "job": "rl",
+    "data": {"epoch": 0, "position": 8, "seed": 1, "n_rows": 16},
+    "kl_ctrl": {"value": 0.001},
+    "next_uid": 8,
+    "best_val_reward": None,
+    "bad_steps": {},
+    "driver_rng": {},
+}
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"step": "four"}, "field 'step' is \"four\", not a whole number ≥ 0"),
+        ({"step": -1}, "field 'step' is -1, not a whole number ≥ 0"),
+        ({"step": True}, "field 'step' is true, not a whole number ≥ 0"),
+        ({"step": None}, "field 'step' is null, not a whole number ≥ 0"),
+        ({"kl_ctrl": "missing"}, "field 'kl_ctrl' is missing"),
+        ({"data": {"epoch": 0, "seed": 1}}, "field 'data.position' is missing"),
+        ({"next_uid": 1.5}, "field 'next_uid' is 1.5, not a whole number ≥ 0"),
+        ({"data_files": {}}, "field 'data_files' is {}, not a list of the training files' fingerprints"),
+    ],
+)
+def test_a_damaged_trainer_state_names_the_file_and_the_field(tmp_path, edit, problem):
+    from megarl.checkpoint.run import read_trainer_state
+
+    step = tmp_path / "checkpoints" / "step_4"
+    step.mkdir(parents=True)
+    state = {k: v for k, v in {**RL_STATE, **edit}.items() if v != "missing"}
+    (step / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(ResumeError) as e:
+        read_trainer_state(step)
+    assert str(e.value) == (
+        f"{step / 'trainer_state.json'}: {problem}; the file is damaged: resume from an earlier step directory "
+        f"(trainer.resume={step.parent}/step_<N>) or start afresh with trainer.resume=disable"
+    )
+
+
+def test_trainer_state_that_is_not_json_or_not_an_object_is_named(tmp_path):
+    from megarl.checkpoint.run import read_trainer_state
+
+    (tmp_path / "trainer_state.json").write_text('{"step": 4,')
+    with pytest.raises(ResumeError, match=r"trainer_state.json cannot be read \(JSONDecodeError: .*line 1"):
+        read_trainer_state(tmp_path)
+    (tmp_path / "trainer_state.json").write_text("[4]")
+    with pytest.raises(ResumeError, match=r"trainer_state.json holds a JSON list, not the trainer's state"):
+        read_trainer_state(tmp_path)
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps({"version": 1, "step": 3, "job": "sft", "data": {}})
+    )
+    assert read_trainer_state(tmp_path)["step"] == 3  # an offline job's state has no RL fields
+
+
+def test_every_save_keeps_the_run_state_beside_the_trainers(tmp_path):
+    files = [{"path": "/d/train.parquet", "bytes": 10, "sha256": "ab" * 32}]
+    checkpoints = RunCheckpoints(tmp_path, {}, is_writer=True, run_state={"data_files": files})
+    report = checkpoints.save(3, {"job": "sft"}, "a: 1\n")
+    state = json.loads((report.path / "trainer_state.json").read_text())
+    assert state == {"version": 1, "step": 3, "data_files": files, "job": "sft"}

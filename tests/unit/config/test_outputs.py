@@ -12,9 +12,7 @@ pytestmark = pytest.mark.unit
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
-@pytest.mark.parametrize(
-    ("model", "how"), [("hf", "is"), ("hf/policy", "contains"), (".", "lies inside")]
-)
+@pytest.mark.parametrize(("model", "how"), [("hf", "is"), ("hf/policy", "contains"), (".", "lies inside")])
 def test_save_hf_over_the_starting_model_is_refused_at_load(tmp_path, model, how):
     out = tmp_path / "run"
     model_path = (out / model).resolve()
@@ -33,5 +31,7 @@ def test_save_hf_over_the_starting_model_is_refused_at_load(tmp_path, model, how
 def test_sft_always_exports_so_its_model_path_is_checked_without_save_hf(tmp_path):
     out = tmp_path / "run"
     overrides = ["algorithm.name=sft", f"trainer.output_dir={out}", f"model.tokenizer_path={out / 'hf'}"]
-    with pytest.raises(ConfigError, match=r"this job writes the Hugging Face model to .*model.tokenizer_path="):
+    with pytest.raises(
+        ConfigError, match=r"this job writes the Hugging Face model to .*model.tokenizer_path="
+    ):
         load_config(CONFIGS / "quickstart_sft.yaml", overrides, check_paths=False)
