@@ -70,7 +70,11 @@ class OfflineTrainer(SessionTrainer):
         self.session = session = RunSession(cfg, self.job, total_steps, stream)
         self.resume_from = session.resume_from
         if session.resumed is not None:
-            self._check_data_position(session.resumed.get("data", {}))
+            try:
+                self._check_data_position(session.resumed.get("data", {}))
+            except ResumeError:
+                session.close()  # the run lock
+                raise
         self.start_step = self.done_step = session.start_step
         self.is_writer = session.is_writer
         self.last_metrics: dict[str, Any] = {}  # the last step's

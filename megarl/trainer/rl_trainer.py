@@ -85,6 +85,7 @@ class RLTrainer(SessionTrainer):
             try:
                 self.loader.load_state_dict(resumed["data"])
             except ValueError as e:  # another data set or data.seed
+                session.close()  # the run lock
                 raise ResumeError(f"{self.resume_from}: {e}") from None
         self.start_step = self.done_step = session.start_step
         self.best_val_reward: float | None = None

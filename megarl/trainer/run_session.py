@@ -2,12 +2,14 @@
 to the shutdown that stops them. A trainer keeps its data, rewards and step graph; the session owns the
 rest of a run.
 
-    session = RunSession(cfg, job="sft", total_steps=100)  # trainer.resume found and checked; no process yet
+    session = RunSession(cfg, job="sft", total_steps=100)  # the run lock taken; trainer.resume found and
+                                                            # checked; no process yet
     ...                                                     # the trainer checks its data against session.resumed
     session.start()          # progress log, config.yaml + run_info.json, worker groups, profiler, checkpoints
     session.resume_groups()  # the trained roles' weights, optimizer and RNG from session.resume_from
     ...                      # steps: session.log, session.profiler, session.checkpoints
-    session.close()          # every worker process stopped, logging closed, the report written; idempotent
+    session.close()          # every worker process stopped, logging closed, the report written, the
+                             # run lock released; idempotent
 
 `logging.report` is written at close once training began (`began_training`), also after a crash.
 """
@@ -34,7 +36,9 @@ from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
 from megarl.observe.run_files import write_run_files
+from megarl.observe.worker_logs import console
 from megarl.trainer.roles import RoleGroups, build_roles, enabled_roles, is_writer_process
+from megarl.trainer.run_lock import claim
 
 
 class RunSession:
@@ -52,10 +56,27 @@ class RunSession:
         self.output_dir = Path(cfg.trainer.output_dir)
         self.role_names = enabled_roles(cfg)
         self.says = "megarl" if job == RL_JOB else f"megarl {job}"  # how its messages begin
-        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
-        self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer state
         self.roles = roles
         self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
+        self._log: ProgressLog | None = None
+        self.began_training = False  # set by the trainer at its first step: the report is due at close
+        self._closed = False
+        # one run per output directory (megarl.trainer.run_lock): the writer holds it until close
+        self._unlock = claim(self.output_dir, self._say) if self.is_writer else None
+        try:
+            self._check_resume(cfg, job, total_steps)
+        except BaseException:
+            if self._unlock is not None:  # (groups given as `roles` stay the caller's to stop)
+                self._unlock()
+                self._unlock = None
+            raise
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.stream or console(), flush=True)
+
+    def _check_resume(self, cfg: MegarlConfig, job: str, total_steps: int) -> None:
+        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
+        self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer state
         self.notes: list[str] = []  # said once the progress log is open
         # the training files' fingerprints, kept in every checkpoint and compared on resume (writer only)
         self.data_files = fingerprint_files(cfg.data.train_files) if self.is_writer else None
@@ -69,9 +90,6 @@ class RunSession:
             check_resumable(self.resume_from, self.role_names)
             precheck_roles(self.resume_from, cfg, total_steps, self.role_names)
         self.start_step = self.resumed["step"] if self.resumed is not None else 0
-        self._log: ProgressLog | None = None
-        self.began_training = False  # set by the trainer at its first step: the report is due at close
-        self._closed = False
 
     def start(self) -> RoleGroups:
         """Open the progress log, write the run files, start the worker groups (unless given), and set up
@@ -146,10 +164,14 @@ class RunSession:
             if self.roles is not None:
                 self.roles.shutdown()
         finally:
-            if self._log is not None:
-                self._log.close()
-                if self.began_training and self.is_writer and self.cfg.logging.report:
-                    try_write_report(self.output_dir, self._log.message)  # never raises
+            try:
+                if self._log is not None:
+                    self._log.close()
+                    if self.began_training and self.is_writer and self.cfg.logging.report:
+                        try_write_report(self.output_dir, self._log.message)  # never raises
+            finally:
+                if self._unlock is not None:
+                    self._unlock()
 
 
 class SessionTrainer:
