@@ -89,10 +89,13 @@ class OutputWriteError(MegarlError, OSError):
     names the path (and, for a full disk, the space needed and free); the inputs are not at fault."""
 
     @classmethod
-    def of(cls, error: OSError, path: str | os.PathLike, needed_bytes: int | None = None) -> OutputWriteError:
+    def of(
+        cls, error: OSError, path: str | os.PathLike, needed_bytes: int | None = None, free: int | None = None
+    ) -> OutputWriteError:
+        """`free`: the bytes left on the device (looked up when not given)."""
         path = Path(path)
         if error.errno == errno.ENOSPC:
-            free = free_bytes(path)
+            free = free if free is not None else free_bytes(path)
             need = f"about {human_bytes(needed_bytes)} needed, " if needed_bytes else ""
             return cls(
                 f"no space left on the device of {path} ({need}{human_bytes(free) if free is not None else '?'} "

@@ -22,6 +22,7 @@ every node (as for any megatron checkpoint).
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import time
@@ -40,6 +41,7 @@ from megarl.checkpoint.paths import (
     step_dir_name,
 )
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.output_guard import free_bytes, human_bytes, os_error_in
 
 TRAINER_STATE = "trainer_state.json"
 STATE_VERSION = 1
@@ -302,6 +304,28 @@ class RunCheckpoints:
         start = time.perf_counter()
         final = self.root / step_dir_name(step)
         staging = self.root / f"{step_dir_name(step)}{PARTIAL_SUFFIX}"
+        previous = step_paths(self.root)
+        try:
+            written = self._write(staging, step, trainer_state, config_yaml)
+        except Exception as e:
+            if not _disk_full(e, self.root):
+                raise
+            if self.is_writer:
+                shutil.rmtree(staging, ignore_errors=True)  # the space it took, back
+            raise CheckpointSaveError.disk_full(self.root, step, previous) from None
+        if self.is_writer:
+            if final.exists():  # only if something outside this run made it: keep it, out of the way
+                final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))
+            staging.rename(final)  # complete under its final name ...
+            write_text_atomically(
+                self.root / LATEST_FILE, final.name + "\n", durable=True
+            )  # ... and only then latest
+            self._prune(keep=final)
+        self._barrier()
+        return SaveReport(final, time.perf_counter() - start, written)
+
+    def _write(self, staging: Path, step: int, trainer_state: dict[str, Any], config_yaml: str) -> int:
+        """Every role's checkpoint and the trainer's state into `staging`; returns the bytes written."""
         if self.is_writer:
             # interrupted saves and interrupted deletions of this or an earlier run
             for stale in [*self.root.glob(f"*{PARTIAL_SUFFIX}"), *self.root.glob(f"*{DELETING_SUFFIX}")]:
@@ -316,15 +340,7 @@ class RunCheckpoints:
             (staging / "config.yaml").write_text(config_yaml)
             state = {"version": STATE_VERSION, "step": step, **self.run_state, **trainer_state}
             write_text_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2), durable=True)
-            if final.exists():  # only if something outside this run made it: keep it, out of the way
-                final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))
-            staging.rename(final)  # complete under its final name ...
-            write_text_atomically(
-                self.root / LATEST_FILE, final.name + "\n", durable=True
-            )  # ... and only then latest
-            self._prune(keep=final)
-        self._barrier()
-        return SaveReport(final, time.perf_counter() - start, written)
+        return written
 
     def _prune(self, keep: Path) -> None:
         if self.max_checkpoints is None:
@@ -340,6 +356,44 @@ class RunCheckpoints:
             import torch.distributed as dist
 
             dist.barrier()
+
+
+class CheckpointSaveError(MegarlError, OSError):
+    """A checkpoint could not be saved (a full disk); the previous one is intact and still `latest`."""
+
+    @classmethod
+    def disk_full(cls, root: Path, step: int, previous: list[Path]) -> CheckpointSaveError:
+        free = free_bytes(root)
+        need = f"a checkpoint takes about {human_bytes(_tree_bytes(previous[-1]))}, " if previous else ""
+        kept = (
+            f"the previous checkpoint {previous[-1].name} is intact and `latest` still names it"
+            if previous
+            else "no earlier checkpoint exists"
+        )
+        return cls(
+            f"saving checkpoint {step_dir_name(step)} failed: no space left on the device of {root} ({need}"
+            f"{human_bytes(free) if free is not None else '?'} free); the unfinished save was removed and {kept}. "
+            "Free some space (trainer.max_checkpoints keeps fewer checkpoints) or move trainer.output_dir to "
+            "a larger disk, then rerun to resume"
+        )
+
+
+def _disk_full(error: BaseException, root: Path) -> bool:
+    """A save failed for want of space: ENOSPC in the exception, a worker's message saying so (Ray
+    delivers it as text), or (megatron's writers can lose the cause) hardly any space left."""
+    from megarl.checkpoint.role import NEARLY_FULL_BYTES
+
+    cause = os_error_in(error)
+    if cause is not None and cause.errno == errno.ENOSPC:
+        return True
+    if "no space left on" in str(error).lower():
+        return True
+    free = free_bytes(root)
+    return free is not None and free < NEARLY_FULL_BYTES
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _step_of(path: Path) -> int:
