@@ -50,8 +50,10 @@ class RunSession:
         stream: TextIO | None = None,
         roles: RoleGroups | None = None,
     ) -> None:
-        """Find trainer.resume's checkpoint and check it against `job` and the roles `cfg` (resolved)
-        starts; `roles`: groups already started (they are shut down at close like the session's own)."""
+        """Hold the output directory (megarl.trainer.run_lock: RunDirInUseError when another run has it),
+        then find trainer.resume's checkpoint and check it against `job`, the training files and the roles
+        `cfg` (resolved) starts; `roles`: groups already started (they are shut down at close like the
+        session's own)."""
         self.cfg, self.job, self.total_steps, self.stream = cfg, job, total_steps, stream
         self.output_dir = Path(cfg.trainer.output_dir)
         self.role_names = enabled_roles(cfg)
