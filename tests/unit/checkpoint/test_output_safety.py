@@ -116,3 +116,25 @@ def test_a_full_disk_mid_export_names_the_output_and_the_space(tiny_models, tmp_
     ):
         export_checkpoint_hf(ckpt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.partial").exists()
+
+
+def test_a_conversion_into_a_read_only_place_is_blamed_on_every_rank(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from megarl.checkpoint.format import begin_write
+
+    mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # the fault: a read-only mount
+        if ".partial" in str(self):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(OutputWriteError, match=rf"^{tmp_path / 'out'} cannot be written \(Read-only"):
+            begin_write(tmp_path / "out")
+    finally:
+        dist.destroy_process_group()
+    assert not (tmp_path / "out.partial").exists()
