@@ -59,7 +59,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
     from megarl.config import load_config
     from megarl.config.validate_algorithm import RL_ALGORITHMS
     from megarl.controller import faults
-    from megarl.trainer.run_lock import hold_for_job
+    from megarl.trainer.run_lock import handed_to_children, hold_for_job
 
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}; use one of {', '.join(JOBS)}")
@@ -82,11 +82,12 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
     spmd_rank = int(os.environ["RANK"]) if cfg.trainer.launcher == "torchrun" and under_torchrun() else None
     with contextlib.ExitStack() as held:
         try:  # one run per trainer.output_dir, before anything is written there
-            held.enter_context(hold_for_job(cfg.trainer.output_dir, spmd_rank, say=_say))
+            lock = held.enter_context(hold_for_job(cfg.trainer.output_dir, spmd_rank, say=_say))
         except MegarlError as e:
             return report_error(job, e)
-        if cfg.trainer.launcher == "torchrun" and spmd_rank is None:
-            return relaunch_with_torchrun(cfg, argv)
+        if cfg.trainer.launcher == "torchrun" and spmd_rank is None and lock is not None:
+            with handed_to_children(lock):  # the ranks run under this process's lock
+                return relaunch_with_torchrun(cfg, argv)
         return _run_job(job, cfg)
 
 

@@ -7,8 +7,9 @@ process (the Ray driver; under torchrun, the `megarl train` process that starts 
 
 The file holds the holder's pid, host, start time and a token; the exclusion itself is an flock on it,
 which the kernel drops when the holder exits however it exits (SIGKILL included), so a lock left by a
-dead run is taken over, with one line that says so. The processes a holder launches (torchrun ranks)
-find its token in MEGARL_RUN_LOCK_TOKEN and use the run directory under its lock.
+dead run is taken over, with one line that says so. The processes a holder launches (torchrun ranks,
+`handed_to_children`) find its token in MEGARL_RUN_LOCK_TOKEN and use the run directory under its lock;
+without a launcher's lock, torchrun's rank 0 takes it, and the other ranks write nothing until it has.
 
 The job runner takes the lock before anything is written (`hold_for_job`); the RunSession then claims
 it (`claim`), or takes it itself when a trainer is built in Python. Two trainers of one process on the
@@ -197,18 +198,16 @@ def claim(output_dir: str | os.PathLike, say: Callable[[str], None] = print) -> 
 @contextlib.contextmanager
 def hold_for_job(
     output_dir: str | os.PathLike, rank: int | None, say: Callable[[str], None] = print
-) -> Iterator[None]:
+) -> Iterator[RunLock | None]:
     """The job runner's lock, before anything is written. `rank`: this process's torchrun rank, None for
-    the Ray driver and for the `megarl train` process that starts torchrun (which hands its token to the
-    ranks). A rank uses its launcher's lock; without one, rank 0 takes it and every other rank waits until
-    rank 0 has it."""
+    the Ray driver and for the `megarl train` process that starts torchrun (`handed_to_children` passes
+    its token to the ranks). A rank uses its launcher's lock; without one, rank 0 takes it and every other
+    rank waits until rank 0 has it. Yields the lock this process holds, if any."""
     if rank is None:
         lock = RunLock.acquire(output_dir, say)
-        os.environ[TOKEN_ENV] = lock.token  # for torchrun's ranks, when this process starts them
         try:
-            yield
+            yield lock
         finally:
-            os.environ.pop(TOKEN_ENV, None)
             lock.release()
         return
     token = os.environ.get(TOKEN_ENV)
@@ -221,10 +220,20 @@ def hold_for_job(
         _wait_for_rank0(Path(output_dir) / LOCK_FILE, _torchrun_job())
         used = None
     try:
-        yield
+        yield used
     finally:
         if used is not None:
             used.release()
+
+
+@contextlib.contextmanager
+def handed_to_children(lock: RunLock) -> Iterator[None]:
+    """The processes started meanwhile (torchrun and its ranks) use `lock` as their launcher's."""
+    os.environ[TOKEN_ENV] = lock.token
+    try:
+        yield
+    finally:
+        os.environ.pop(TOKEN_ENV, None)
 
 
 def _torchrun_job() -> str:

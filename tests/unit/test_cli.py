@@ -156,5 +156,7 @@ def test_hf_to_mcore_output_over_its_input_or_a_file_is_refused(hf_config_dir, t
     assert code == 2 and "is a file, not a directory" in err and not (tmp_path / "f.partial").exists()
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a training run
     code, _, err = run([*argv, str(tmp_path / "run")], capsys)
-    assert code == 2 and f"holds a megarl training run or checkpoint ({tmp_path / 'run' / 'checkpoints'})" in err
+    assert (
+        code == 2 and f"holds a megarl training run or checkpoint ({tmp_path / 'run' / 'checkpoints'})" in err
+    )
     assert (tmp_path / "run" / "checkpoints").is_dir()

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from megarl.trainer.run_lock import LOCK_FILE, TOKEN_ENV, RunDirInUseError, RunLock, claim, hold_for_job
+from megarl.trainer.run_lock import (
+    LOCK_FILE,
+    TOKEN_ENV,
+    RunDirInUseError,
+    RunLock,
+    claim,
+    handed_to_children,
+    hold_for_job,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +43,7 @@ def holder(out: Path, rank: str = "driver", env: dict[str, str] | None = None) -
         [sys.executable, "-c", HOLD, str(out), rank],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={
             **{k: v for k, v in os.environ.items() if k != TOKEN_ENV},
@@ -54,6 +63,13 @@ def held(proc: subprocess.Popen) -> str:
 def stop(proc: subprocess.Popen) -> int:
     proc.stdin.close()
     return proc.wait(timeout=30)
+
+
+def refused(proc: subprocess.Popen) -> str:
+    """The last line of a holder that was refused the lock (its RunDirInUseError)."""
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    return err.strip().splitlines()[-1]
 
 
 def test_a_second_run_is_refused_at_once_naming_the_holder(tmp_path):
@@ -113,13 +129,17 @@ def test_two_trainers_of_one_process_are_refused_and_close_releases(tmp_path):
 
 def test_torchrun_ranks_use_their_launchers_lock_and_a_stranger_is_refused(tmp_path):
     out = tmp_path / "run"
-    with hold_for_job(out, rank=None):  # `megarl train … trainer.launcher=torchrun`, before starting it
+    with hold_for_job(out, rank=None) as lock, handed_to_children(lock):  # `megarl train`, starting torchrun
         token = os.environ[TOKEN_ENV]
         rank0 = holder(out, "0", {TOKEN_ENV: token})
         assert held(rank0) == token and stop(rank0) == 0
         assert (out / LOCK_FILE).exists()  # a rank never releases its launcher's lock
         stranger = holder(out, "0", {TOKEN_ENV: "another-job"})
-        assert stop(stranger) == 1  # RunDirInUseError: the launcher of that job does not hold it
+        assert refused(stranger).startswith(  # the launcher of that job does not hold it
+            f"megarl.trainer.run_lock.RunDirInUseError: the process that started this one "
+            f"(MEGARL_RUN_LOCK_TOKEN=another-job) does not hold {out / LOCK_FILE}; pid {os.getpid()} on host"
+        )
+    assert TOKEN_ENV not in os.environ and not (out / LOCK_FILE).exists()
 
 
 def test_without_a_launcher_rank_0_takes_the_lock_and_the_other_ranks_wait_for_it(tmp_path):
@@ -131,7 +151,7 @@ def test_without_a_launcher_rank_0_takes_the_lock_and_the_other_ranks_wait_for_i
     rank0 = holder(out, "0", job)
     held(rank0), held(rank1)
     other_job = holder(out, "0", {**job, "MASTER_PORT": "29556"})
-    assert stop(other_job) == 1  # refused: rank 0 of this job holds it
+    assert f"is in use by another megarl run: pid {rank0.pid} on host" in refused(other_job)
     assert stop(rank1) == 0 and stop(rank0) == 0
     assert not (out / LOCK_FILE).exists()
 
