@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.output_guard import OutputWriteError
 
 LOCK_FILE = "run.lock"
 TOKEN_ENV = "MEGARL_RUN_LOCK_TOKEN"  # the launching holder's token, for the processes it starts
@@ -95,9 +96,12 @@ class RunLock:
                 f"trainer.output_dir={out} is already used by another trainer of this process; close() that "
                 "trainer first (or use `with`), or give this one another trainer.output_dir"
             )
-        out.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise OutputWriteError.of(e, out) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

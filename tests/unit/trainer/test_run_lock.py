@@ -194,3 +194,13 @@ def test_megarl_train_in_a_directory_in_use_is_refused_within_seconds(tiny_model
     assert seconds < 5, f"refused after {seconds:.1f} s"
     assert sorted(p.name for p in out.rglob("*")) == before  # nothing written: no status, log or config
     assert stop(first) == 0
+
+
+def test_an_output_directory_that_cannot_be_created_is_named(tmp_path):
+    from megarl.output_guard import OutputWriteError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(
+        OutputWriteError, match=rf"writing {tmp_path / 'file' / 'run'} failed \(FileExistsError"
+    ):
+        RunLock.acquire(tmp_path / "file" / "run")
