@@ -201,6 +201,6 @@ def test_an_output_directory_that_cannot_be_created_is_named(tmp_path):
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(
-        OutputWriteError, match=rf"writing {tmp_path / 'file' / 'run'} failed \(FileExistsError"
+        OutputWriteError, match=rf"writing {tmp_path / 'file' / 'run'} failed \(NotADirectoryError"
     ):
         RunLock.acquire(tmp_path / "file" / "run")
