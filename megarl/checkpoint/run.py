@@ -178,6 +178,7 @@ def check_data_files(step_dir: Path, state: dict[str, Any], ours: list[dict[str,
             f"{step_dir} holds no fingerprint of its training files (saved by an earlier megarl): only their "
             "row count and data.seed are compared"
         )
+    saved = [f if isinstance(f, dict) else {} for f in saved]
     if [f.get("sha256") for f in saved] == [f["sha256"] for f in ours]:
         return None
 
