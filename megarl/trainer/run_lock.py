@@ -51,7 +51,14 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: Any) -> bool:
+    """Whether process `pid` (as the lock file holds it) runs on this host."""
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -59,6 +66,10 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _lock_path(output_dir: str | os.PathLike) -> Path:
+    return Path(os.path.abspath(output_dir)) / LOCK_FILE
 
 
 def _describe(holder: dict[str, Any]) -> str:
@@ -89,8 +100,8 @@ class RunLock:
         """Take `<output_dir>/run.lock` (creating the directory) or raise RunDirInUseError naming the
         holder and what to do. A lock its holder left behind (the holder has exited) is taken over, and
         `say` gets one line about it."""
-        out = Path(output_dir)
-        path = out / LOCK_FILE
+        path = _lock_path(output_dir)
+        out = path.parent
         if str(path) in _HELD:
             raise RunDirInUseError(
                 f"trainer.output_dir={out} is already used by another trainer of this process; close() that "
@@ -111,9 +122,7 @@ class RunLock:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                     raise
                 holder = _read(path)
-                if holder and (
-                    holder.get("host") != socket.gethostname() or _alive(int(holder.get("pid", 0)))
-                ):
+                if holder and (holder.get("host") != socket.gethostname() or _alive(holder.get("pid"))):
                     os.close(fd)
                     raise RunDirInUseError(_refusal(out, path, holder)) from None
             try:  # the holder may have released (and removed) the file between our open and flock
@@ -142,7 +151,7 @@ class RunLock:
     def under_launcher(cls, output_dir: str | os.PathLike, token: str) -> RunLock:
         """The lock the process that launched this one holds (its token in MEGARL_RUN_LOCK_TOKEN): used,
         never released, here. RunDirInUseError when the file names another holder."""
-        path = Path(output_dir) / LOCK_FILE
+        path = _lock_path(output_dir)
         holder = _read(path)
         if holder is None or holder.get("token") != token:
             raise RunDirInUseError(
@@ -171,7 +180,7 @@ def _refusal(out: Path, path: Path, holder: dict[str, Any] | None) -> str:
         who = "another process that is taking it right now"
     else:
         who = _describe(holder)
-        if holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", 0))):
+        if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
             who += (
                 f" (it has exited, but a process it started still holds the lock: `fuser -v {path}` lists it)"
             )
@@ -184,7 +193,7 @@ def _refusal(out: Path, path: Path, holder: dict[str, Any] | None) -> str:
 def claim(output_dir: str | os.PathLike, say: Callable[[str], None] = print) -> Callable[[], None]:
     """A RunSession's hold on its output directory: the lock this process's job runner took, or one it
     takes now. Returns what the session calls at close."""
-    lock = _HELD.get(str(Path(output_dir) / LOCK_FILE))
+    lock = _HELD.get(str(_lock_path(output_dir)))
     if lock is None:
         lock = RunLock.acquire(output_dir, say)
         lock.claimed = True
@@ -221,7 +230,7 @@ def hold_for_job(
     elif rank == 0:
         used = RunLock.acquire(output_dir, say, token=_torchrun_job())
     else:
-        _wait_for_rank0(Path(output_dir) / LOCK_FILE, _torchrun_job())
+        _wait_for_rank0(_lock_path(output_dir), _torchrun_job())
         used = None
     try:
         yield used

@@ -138,3 +138,15 @@ def test_a_conversion_into_a_read_only_place_is_blamed_on_every_rank(tmp_path, m
     finally:
         dist.destroy_process_group()
     assert not (tmp_path / "out.partial").exists()
+
+
+def test_the_run_markers_are_the_names_the_writers_use():
+    from megarl.checkpoint.manifest import MANIFEST_FILE
+    from megarl.checkpoint.paths import CHECKPOINTS_DIR, LATEST_FILE
+    from megarl.checkpoint.run import TRAINER_STATE
+    from megarl.observe.run_files import METRICS, RUN_INFO
+    from megarl.output_guard import RUN_MARKERS
+    from megarl.trainer.run_lock import LOCK_FILE
+
+    names = {CHECKPOINTS_DIR, METRICS, RUN_INFO, LOCK_FILE, TRAINER_STATE, LATEST_FILE, MANIFEST_FILE}
+    assert set(RUN_MARKERS) == names
