@@ -5,6 +5,7 @@ checkpoints. Its spec is an argv: `hf-to-mcore --hf DIR --out DIR --tp N --pp N 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from megarl.models.convert.loader import load_hf_into_chunks
 from megarl.models.convert.safetensors_shards import DEFAULT_MAX_SHARD_SIZE
 from megarl.models.dtypes import DTYPE_NAMES, from_hf_name
 from megarl.models.from_hf import ModelArchitecture
+from megarl.output_guard import OutputWriteError, os_error_in
 
 
 def hf_dtype(arch: ModelArchitecture) -> str:
@@ -45,8 +47,15 @@ def hf_to_mcore(args: argparse.Namespace) -> dict:
         "saved_layout": layout.describe(),
         "source": str(args.hf),
     }
-    ckpt.save_model(chunks, staging, meta, args.hf)
-    ckpt.finish_write(staging, args.out)
+    try:
+        ckpt.save_model(chunks, staging, meta, args.hf)
+        ckpt.finish_write(staging, args.out)
+    except BaseException as e:
+        if dist.get_rank() == 0:  # a failed conversion leaves no .partial behind
+            shutil.rmtree(staging, ignore_errors=True)
+        if (cause := os_error_in(e)) is not None:
+            raise OutputWriteError.of(cause, args.out) from None
+        raise
     return {"out": str(args.out), "layout": layout.describe(), "params_loaded_rank0": loaded, "dtype": dtype}
 
 

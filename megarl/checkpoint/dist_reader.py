@@ -149,3 +149,29 @@ def checkpoint_megatron_tensors(
         tensors = reader.read(bucket)
         for b in bucket:
             yield b.name, tensors.pop(b.name)
+
+
+def truncated_files(model_dir: str | Path) -> list[str]:
+    """One line per data file of the dist-checkpoint `model_dir` that is missing or shorter than its
+    metadata's records need (a copy cut short, a full disk): how a checkpoint without a manifest (what
+    `megarl convert hf-to-mcore` writes) names its damaged file. Empty when the metadata is unreadable."""
+    from megarl.checkpoint.safe_load import no_code_unpickling
+
+    model_dir = Path(model_dir)
+    try:
+        with no_code_unpickling():
+            storage = FileSystemReader(str(model_dir)).read_metadata().storage_data
+    except Exception:
+        return []
+    needed: dict[str, int] = {}
+    for info in (storage or {}).values():
+        end = int(info.offset) + int(info.length)
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    problems = []
+    for name, size in sorted(needed.items()):
+        path = model_dir / name
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif (actual := path.stat().st_size) < size:
+            problems.append(f"{path} is truncated: {actual} bytes, its records need {size}")
+    return problems

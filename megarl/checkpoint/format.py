@@ -22,6 +22,7 @@ import torch.distributed as dist
 from megarl.checkpoint.paths import META_FILE, PARTIAL_SUFFIX
 from megarl.distributed.layout import ParallelLayout
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.output_guard import OutputWriteError
 
 FORMAT_VERSION = 1
 
@@ -44,10 +45,17 @@ def begin_write(out_dir: str | Path, overwrite: bool = False) -> Path:
         raise CheckpointError(
             f"{out_dir} already exists; remove it, choose another --out or pass --overwrite"
         )
+    error = None
     if dist.get_rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)
-        (staging / "model").mkdir(parents=True)
-    dist.barrier()
+        try:
+            (staging / "model").mkdir(parents=True)
+        except OSError as e:
+            error = str(OutputWriteError.of(e, out_dir))
+    failed = [error]
+    dist.broadcast_object_list(failed, src=0)  # every rank stops together instead of some waiting
+    if failed[0]:
+        raise OutputWriteError(failed[0])
     return staging
 
 

@@ -18,7 +18,6 @@ staged in `<out>.partial` and renamed into place only once complete.
 from __future__ import annotations
 
 import contextlib
-import pickle
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,7 +27,11 @@ import torch
 import torch.distributed as dist
 
 from megarl.checkpoint import manifest as mf
-from megarl.checkpoint.dist_reader import DistCheckpointReader, checkpoint_megatron_tensors
+from megarl.checkpoint.dist_reader import (
+    DistCheckpointReader,
+    checkpoint_megatron_tensors,
+    truncated_files,
+)
 from megarl.checkpoint.format import (
     CheckpointError,
     begin_write,
@@ -37,6 +40,7 @@ from megarl.checkpoint.format import (
     read_meta,
 )
 from megarl.checkpoint.safe_load import no_code_unpickling
+from megarl.errors import MegarlError
 from megarl.models.convert import llama
 from megarl.models.convert.hf_io import copy_hf_metadata, write_classifier_config
 from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
@@ -50,6 +54,7 @@ from megarl.models.convert.safetensors_shards import (
 )
 from megarl.models.convert.sharding import unshard
 from megarl.models.from_hf import ModelArchitecture
+from megarl.output_guard import OutputWriteError, check_apart, check_replaceable
 
 
 def _stage_meta_tensors(
@@ -128,14 +133,20 @@ def export_checkpoint_hf(
     overwrite: bool = False,
 ) -> dict:
     """Write the megarl checkpoint at `ckpt_dir` (a role or converted checkpoint) as an HF checkpoint at
-    `out_dir`, one layer in memory at a time. One process, no torch.distributed; returns a summary."""
+    `out_dir`, one layer in memory at a time. One process, no torch.distributed; returns a summary.
+    `out_dir` may not be, contain or lie inside `ckpt_dir`; `overwrite` replaces an earlier export but
+    never a training run or trained checkpoint (megarl.output_guard). A failed export leaves no
+    `<out_dir>.partial`, and errors name the side at fault: the checkpoint read or the output written."""
     start = time.perf_counter()
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
     meta = read_meta(ckpt_dir)
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already exists; remove it, choose another --out or pass --overwrite"
-        )
+    check_apart(out_dir, {"the checkpoint it exports": ckpt_dir}, "--out")
+    if out_dir.exists():
+        if not overwrite:
+            raise FileExistsError(
+                f"{out_dir} already exists; remove it, choose another --out or pass --overwrite"
+            )
+        check_replaceable(out_dir, "--out")
     if (ckpt_dir / mf.MANIFEST_FILE).is_file():  # a run's role checkpoint: check it is whole first
         problems = mf.check_files(ckpt_dir, mf.read_manifest(ckpt_dir))
         if problems:
@@ -143,7 +154,6 @@ def export_checkpoint_hf(
     arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")
     if meta.get("architecture", {}).get("head") == "scalar":  # hf/ is the source LM's config
         arch = arch.with_scalar_head()
-    staging = partial_dir(out_dir)
     # DCP's metadata is a pickle: read it (and every tensor record) without running code from the file
     with no_code_unpickling(), _read_errors(ckpt_dir):
         reader = DistCheckpointReader(ckpt_dir / "model")
@@ -152,36 +162,66 @@ def export_checkpoint_hf(
             for n, t in to_hf_tensors(checkpoint_megatron_tensors(reader, arch, meta=True), arch)
         ]
         plan = plan_shards([specs], parse_size(max_shard_size))
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        writer = ShardWriter(staging, plan)
-        for name, tensor in to_hf_tensors(checkpoint_megatron_tensors(reader, arch), arch):
-            writer.write(name, tensor)
-        writer.close()
-    write_index(staging, plan)
-    copy_hf_metadata(ckpt_dir / "hf", staging)
-    if arch.head == "scalar":
-        write_classifier_config(staging)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    staging.rename(out_dir)
+    total = plan.index()["metadata"]["total_size"]
+    staging = partial_dir(out_dir)
+    try:
+        with _write_errors(out_dir, total):
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            writer = ShardWriter(staging, plan)
+        with no_code_unpickling(), _read_errors(ckpt_dir):
+            for name, tensor in to_hf_tensors(checkpoint_megatron_tensors(reader, arch), arch):
+                with _write_errors(out_dir, total):
+                    writer.write(name, tensor)
+        with _write_errors(out_dir, total):
+            writer.close()
+            write_index(staging, plan)
+            copy_hf_metadata(ckpt_dir / "hf", staging)
+            if arch.head == "scalar":
+                write_classifier_config(staging)
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed export leaves nothing half-written
+        raise
     return {
         "out": str(out_dir),
         "from": str(ckpt_dir),
         "dtype": meta["dtype"],
         "shards": len(plan.shards),
-        "bytes": plan.index()["metadata"]["total_size"],
+        "bytes": total,
         "seconds": round(time.perf_counter() - start, 2),
     }
 
 
 @contextlib.contextmanager
 def _read_errors(ckpt_dir: Path) -> Iterator[None]:
-    """A checkpoint that cannot be read becomes a CheckpointError naming it (no deep DCP traceback)."""
+    """A checkpoint that cannot be read becomes a CheckpointError naming it, and its damaged file when
+    the dist-checkpoint's metadata tells (no deep DCP traceback)."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
     try:
         yield
-    except (OSError, ValueError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
+    except MegarlError:
+        raise
+    except (Exception, CheckpointException) as e:
+        damaged = truncated_files(ckpt_dir / "model")
+        if damaged:
+            raise CheckpointError(
+                f"{ckpt_dir} is damaged: {'; '.join(damaged)}; export an earlier checkpoint or convert again"
+            ) from None
+        first = (str(e).strip().splitlines() or [""])[0][:300]
         raise CheckpointError(
-            f"{ckpt_dir} cannot be read as a megarl checkpoint ({type(e).__name__}: {e}); "
+            f"{ckpt_dir} cannot be read as a megarl checkpoint ({type(e).__name__}: {first}); "
             "export an earlier checkpoint or convert again"
         ) from None
+
+
+@contextlib.contextmanager
+def _write_errors(out_dir: Path, needed_bytes: int) -> Iterator[None]:
+    """An output that cannot be written (read-only, a full disk) becomes an OutputWriteError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputWriteError.of(e, out_dir, needed_bytes) from None

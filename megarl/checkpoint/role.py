@@ -19,7 +19,9 @@ Both functions are collective over the role's world.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ import torch.distributed as dist
 
 from megarl.checkpoint import manifest as mf
 from megarl.checkpoint import rng_state
+from megarl.checkpoint.dist_reader import truncated_files
 from megarl.checkpoint.format import (
     CheckpointError,
     _sharded_state,
@@ -41,7 +44,9 @@ from megarl.checkpoint.format import (
 from megarl.checkpoint.safe_load import no_code_unpickling
 from megarl.controller import faults
 from megarl.distributed.layout import ParallelLayout
+from megarl.errors import MegarlError
 from megarl.models.from_hf import ModelArchitecture
+from megarl.output_guard import OutputWriteError, free_bytes, os_error_in
 
 OPTIMIZER_DIR = "optimizer"
 SCHEDULER_FILE = "scheduler.json"
@@ -166,11 +171,18 @@ def _states_without_step(train_optimizer) -> Iterator[None]:
 @contextlib.contextmanager
 def _load_errors(role_dir: Path, what: str) -> Iterator[None]:
     """Any exception of a megatron/torch load becomes a CheckpointError naming the checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
     try:
         yield
     except CheckpointError:
         raise
-    except Exception as e:
+    except (Exception, CheckpointException) as e:
+        damaged = truncated_files(role_dir / ("model" if what == "model" else OPTIMIZER_DIR))
+        if damaged:
+            raise CheckpointError(
+                f"loading the {what} of {role_dir} failed: {'; '.join(damaged)}; use an earlier checkpoint"
+            ) from None
         first = (str(e).strip().splitlines() or [""])[0][:500]
         raise CheckpointError(
             f"loading the {what} of {role_dir} failed: {type(e).__name__}: {first}"
@@ -210,6 +222,36 @@ def _all_or_none(error: str | None) -> None:
     failed = [e for e in errors if e]
     if failed:
         raise CheckpointError("; ".join(dict.fromkeys(failed)))
+
+
+NEARLY_FULL_BYTES = 16 << 20  # a save that failed with less free than this ran out of space
+
+
+def save_failure(error: BaseException, role_dir: Path, rank: int) -> MegarlError:
+    """What a failed save of `role_dir` tells the user. A full disk is recognised by ENOSPC anywhere in
+    the exception (megatron's parallel writers can lose it: "CheckpointException ranks:dict_keys([])")
+    or by the space left on the device afterwards."""
+    cause = os_error_in(error)
+    free = free_bytes(role_dir)
+    if (cause is not None and cause.errno == errno.ENOSPC) or (free is not None and free < NEARLY_FULL_BYTES):
+        return OutputWriteError.of(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), role_dir, free=free)
+    if cause is not None:
+        return OutputWriteError.of(cause, role_dir)
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    return CheckpointError(f"saving {role_dir} failed on rank {rank}: {type(error).__name__}: {first}")
+
+
+@contextlib.contextmanager
+def _save_errors(role_dir: Path, rank: int) -> Iterator[None]:
+    """A megatron/DCP save that fails (a BaseException for DCP) becomes a MegarlError naming the path."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except MegarlError:
+        raise
+    except (Exception, CheckpointException) as e:
+        raise save_failure(e, role_dir, rank) from None
 
 
 def save_train_state(
@@ -252,13 +294,15 @@ def save_train_state(
             (role_dir / sub).mkdir(parents=True, exist_ok=True)
     dist.barrier()
     modules = _modules(chunks)
-    save_model(modules, role_dir, full_meta, hf_dir, _dp_parallel_save())
+    with _save_errors(role_dir, rank):
+        save_model(modules, role_dir, full_meta, hf_dir, _dp_parallel_save())
     faults.point(meta.get("role", "?"), "save_checkpoint:model_written", rank)  # MEGARL_FAULT tests
     if has_optimizer:
         opt_state = train_optimizer.optimizer.sharded_state_dict(
             _sharded_state(modules), is_loading=False, metadata=OPTIMIZER_METADATA
         )
-        dist_checkpointing.save(opt_state, str(role_dir / OPTIMIZER_DIR), _dp_parallel_save())
+        with _save_errors(role_dir, rank):
+            dist_checkpointing.save(opt_state, str(role_dir / OPTIMIZER_DIR), _dp_parallel_save())
     error = None
     try:
         rng_state.write_rank_state(role_dir, rank, full_meta["layout"], extra_state)
@@ -266,7 +310,9 @@ def save_train_state(
             (role_dir / SCHEDULER_FILE).write_text(
                 json.dumps(train_optimizer.scheduler.state_dict(), indent=2)
             )
-    except (OSError, TypeError, ValueError) as e:
+    except OSError as e:
+        error = str(save_failure(e, role_dir, rank))
+    except (TypeError, ValueError) as e:
         error = f"writing {role_dir} failed on rank {rank}: {type(e).__name__}: {e}"
     _all_or_none(error)
     if rank == 0:

@@ -22,6 +22,7 @@ every node (as for any megatron checkpoint).
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import time
@@ -40,6 +41,7 @@ from megarl.checkpoint.paths import (
     step_dir_name,
 )
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.output_guard import free_bytes, human_bytes, os_error_in
 
 TRAINER_STATE = "trainer_state.json"
 STATE_VERSION = 1
@@ -132,14 +134,89 @@ def check_job(step_dir: Path, state: dict[str, Any], job: str) -> None:
 
 
 def read_trainer_state(step_dir: Path) -> dict[str, Any]:
+    """The checkpoint's trainer_state.json, its fields checked: a damaged file is named with the field
+    at fault (ResumeError), before any worker starts."""
     path = step_dir / TRAINER_STATE
     try:
         state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ResumeError(f"{path} cannot be read ({e}); resume from an earlier step directory") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResumeError(
+            f"{path} cannot be read ({type(e).__name__}: {e}); {_DAMAGED_ADVICE.format(run=step_dir.parent)}"
+        ) from None
+    if not isinstance(state, dict):
+        raise ResumeError(
+            f"{path} holds a JSON {type(state).__name__}, not the trainer's state (an object); "
+            + _DAMAGED_ADVICE.format(run=step_dir.parent)
+        )
     if state.get("version") != STATE_VERSION:
         raise ResumeError(f"{path}: trainer state version {state.get('version')} is not {STATE_VERSION}")
+    fields = {**_STATE_FIELDS, **(_RL_STATE_FIELDS if state.get("job", RL_JOB) == RL_JOB else {})}
+    for name, (kinds, what) in fields.items():
+        value: Any = state
+        for part in name.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is _MISSING and name in _OPTIONAL:
+            continue
+        if value is _MISSING:
+            problem = "is missing"
+        elif not isinstance(value, kinds) or isinstance(value, bool) or (what.endswith("≥ 0") and value < 0):
+            problem = f"is {json.dumps(value)[:60]}, not {what}"
+        else:
+            continue
+        raise ResumeError(f"{path}: field '{name}' {problem}; {_DAMAGED_ADVICE.format(run=step_dir.parent)}")
     return state
+
+
+_MISSING = object()
+_DAMAGED_ADVICE = (
+    "the file is damaged: resume from an earlier step directory (trainer.resume={run}/step_<N>) "
+    "or start afresh with trainer.resume=disable"
+)
+_COUNT = ((int,), "a whole number ≥ 0")
+# what every trainer's state holds ({field: (types, in words)}), and what the RL trainer's adds
+_STATE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "step": _COUNT,
+    "job": ((str,), "a job name (rl, sft, dpo, …)"),
+    "data": ((dict,), "an object (the data position)"),
+    "data_files": ((list,), "a list of the training files' fingerprints"),
+}
+_RL_STATE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "data.epoch": _COUNT,
+    "data.position": _COUNT,
+    "data.seed": ((int,), "a whole number (data.seed)"),
+    "kl_ctrl": ((dict,), "an object"),
+    "next_uid": _COUNT,
+    "best_val_reward": ((float, int, type(None)), "a number or null"),
+    "bad_steps": ((dict,), "an object"),
+    "driver_rng": ((dict,), "an object"),
+}
+_OPTIONAL = {"job", "data_files"}  # absent from the checkpoints of earlier megarl versions
+
+
+def check_data_files(step_dir: Path, state: dict[str, Any], ours: list[dict[str, Any]]) -> str | None:
+    """The training files (data.train_files) hold the bytes the checkpoint was trained on (their
+    fingerprints: megarl.data.files.fingerprint_files; paths may differ): ResumeError naming the files
+    otherwise. Returns a note for a checkpoint saved before fingerprints were kept."""
+    saved = state.get("data_files")
+    if saved is None:
+        return (
+            f"{step_dir} holds no fingerprint of its training files (saved by an earlier megarl): only their "
+            "row count and data.seed are compared"
+        )
+    saved = [f if isinstance(f, dict) else {} for f in saved]
+    if [f.get("sha256") for f in saved] == [f["sha256"] for f in ours]:
+        return None
+
+    def describe(files: list[dict[str, Any]]) -> str:
+        return ", ".join(
+            f"{f.get('path')} ({f.get('bytes')} bytes, sha256 {str(f.get('sha256'))[:12]}…)" for f in files
+        )
+
+    raise ResumeError(
+        f"{step_dir} was trained on other data: data.train_files = {describe(ours)}; the checkpoint's were "
+        f"{describe(saved)}. Resume with the files it was trained on, or start afresh with "
+        "trainer.resume=disable (or another trainer.output_dir)"
+    )
 
 
 TRAINED_ROLES = ("actor", "critic")
@@ -229,7 +306,11 @@ class RunCheckpoints:
         is_writer: bool,
         max_checkpoints: int | None = None,
         spmd: bool = False,
+        run_state: dict[str, Any] | None = None,
     ) -> None:
+        """`run_state`: what every save's trainer_state.json holds besides the trainer's own (the data
+        files' fingerprints)."""
+        self.run_state = run_state or {}
         self.root = checkpoints_dir(output_dir)
         self.groups = {role: g for role, g in groups.items() if g is not None}
         self.is_writer, self.max_checkpoints, self.spmd = is_writer, max_checkpoints, spmd
@@ -249,6 +330,28 @@ class RunCheckpoints:
         start = time.perf_counter()
         final = self.root / step_dir_name(step)
         staging = self.root / f"{step_dir_name(step)}{PARTIAL_SUFFIX}"
+        previous = step_paths(self.root)
+        try:
+            written = self._write(staging, step, trainer_state, config_yaml)
+        except Exception as e:
+            if not _disk_full(e, self.root):
+                raise
+            if self.is_writer:
+                shutil.rmtree(staging, ignore_errors=True)  # the space it took, back
+            raise CheckpointSaveError.disk_full(self.root, step, previous) from None
+        if self.is_writer:
+            if final.exists():  # only if something outside this run made it: keep it, out of the way
+                final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))
+            staging.rename(final)  # complete under its final name ...
+            write_text_atomically(
+                self.root / LATEST_FILE, final.name + "\n", durable=True
+            )  # ... and only then latest
+            self._prune(keep=final)
+        self._barrier()
+        return SaveReport(final, time.perf_counter() - start, written)
+
+    def _write(self, staging: Path, step: int, trainer_state: dict[str, Any], config_yaml: str) -> int:
+        """Every role's checkpoint and the trainer's state into `staging`; returns the bytes written."""
         if self.is_writer:
             # interrupted saves and interrupted deletions of this or an earlier run
             for stale in [*self.root.glob(f"*{PARTIAL_SUFFIX}"), *self.root.glob(f"*{DELETING_SUFFIX}")]:
@@ -261,17 +364,9 @@ class RunCheckpoints:
             written += sum(r.get("bytes_written", 0) for r in reports)
         if self.is_writer:
             (staging / "config.yaml").write_text(config_yaml)
-            state = {"version": STATE_VERSION, "step": step, **trainer_state}
+            state = {"version": STATE_VERSION, "step": step, **self.run_state, **trainer_state}
             write_text_atomically(staging / TRAINER_STATE, json.dumps(state, indent=2), durable=True)
-            if final.exists():  # only if something outside this run made it: keep it, out of the way
-                final.rename(final.with_name(final.name + SUPERSEDED_SUFFIX))
-            staging.rename(final)  # complete under its final name ...
-            write_text_atomically(
-                self.root / LATEST_FILE, final.name + "\n", durable=True
-            )  # ... and only then latest
-            self._prune(keep=final)
-        self._barrier()
-        return SaveReport(final, time.perf_counter() - start, written)
+        return written
 
     def _prune(self, keep: Path) -> None:
         if self.max_checkpoints is None:
@@ -287,6 +382,44 @@ class RunCheckpoints:
             import torch.distributed as dist
 
             dist.barrier()
+
+
+class CheckpointSaveError(MegarlError, OSError):
+    """A checkpoint could not be saved (a full disk); the previous one is intact and still `latest`."""
+
+    @classmethod
+    def disk_full(cls, root: Path, step: int, previous: list[Path]) -> CheckpointSaveError:
+        free = free_bytes(root)
+        need = f"a checkpoint takes about {human_bytes(_tree_bytes(previous[-1]))}, " if previous else ""
+        kept = (
+            f"the previous checkpoint {previous[-1].name} is intact and `latest` still names it"
+            if previous
+            else "no earlier checkpoint exists"
+        )
+        return cls(
+            f"saving checkpoint {step_dir_name(step)} failed: no space left on the device of {root} ({need}"
+            f"{human_bytes(free) if free is not None else '?'} free); the unfinished save was removed and {kept}. "
+            "Free some space (trainer.max_checkpoints keeps fewer checkpoints) or move trainer.output_dir to "
+            "a larger disk, then rerun to resume"
+        )
+
+
+def _disk_full(error: BaseException, root: Path) -> bool:
+    """A save failed for want of space: ENOSPC in the exception, a worker's message saying so (Ray
+    delivers it as text), or (megatron's writers can lose the cause) hardly any space left."""
+    from megarl.checkpoint.role import NEARLY_FULL_BYTES
+
+    cause = os_error_in(error)
+    if cause is not None and cause.errno == errno.ENOSPC:
+        return True
+    if "no space left on" in str(error).lower():
+        return True
+    free = free_bytes(root)
+    return free is not None and free < NEARLY_FULL_BYTES
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _step_of(path: Path) -> int:

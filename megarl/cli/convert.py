@@ -46,13 +46,24 @@ def register(commands: argparse._SubParsersAction) -> None:
     to_hf.set_defaults(func=convert_checkpoint)
 
 
+def _check_out(out: Path, inputs: dict[str, str | Path], overwrite: bool) -> None:
+    """Before anything is written: --out is apart from the inputs, and replaced only with --overwrite and
+    only when it holds no training run or trained checkpoint."""
+    from megarl.output_guard import check_apart, check_replaceable
+
+    check_apart(out, inputs, "--out")
+    if out.exists():
+        if not overwrite:
+            raise UsageError(
+                f"--out {out} already exists; remove it, choose another --out or pass --overwrite"
+            )
+        check_replaceable(out, "--out")
+
+
 def convert_checkpoint(args: argparse.Namespace) -> int:
-    if Path(args.out).exists() and not args.overwrite:
-        raise UsageError(
-            f"--out {args.out} already exists; remove it, choose another --out or pass --overwrite"
-        )
     if args.direction == "mcore-to-hf":
         return _mcore_to_hf(args)
+    _check_out(Path(args.out), {"--hf": args.hf}, args.overwrite)
     check_launch(args.hf, args.tp, args.pp, args.vpp, args.tp * args.pp)
     worker_args = [
         "hf-to-mcore",
@@ -87,5 +98,6 @@ def _mcore_to_hf(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-shard-size: {e}") from None
     ckpt = resolve_role_checkpoint(args.ckpt, args.role)
     read_meta(ckpt)
+    _check_out(Path(args.out), {"the checkpoint --ckpt names": ckpt}, args.overwrite)
     print(json.dumps(export_checkpoint_hf(ckpt, args.out, max_shard_bytes, overwrite=args.overwrite)))
     return 0

@@ -17,13 +17,18 @@ Every config problem is reported before any process starts (exit 2). Ctrl-C stop
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from megarl.cli.errors import report_error
 from megarl.errors import EXIT_USAGE, MegarlError
-from megarl.observe.worker_logs import console_errors, quiet_known_warnings, rank_output_to_log
+from megarl.observe.worker_logs import console, console_errors, quiet_known_warnings, rank_output_to_log
+
+if TYPE_CHECKING:
+    from megarl.config.schema import MegarlConfig
 
 # `train` = RL; the others set algorithm.name
 JOBS = ("train", "sft", "dpo", "ipo", "kto", "orpo", "simpo", "rm")
@@ -54,7 +59,7 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
     from megarl.config import load_config
     from megarl.config.validate_algorithm import RL_ALGORITHMS
     from megarl.controller import faults
-    from megarl.controller.rank_status import RANK_STATUS, STATUS_DIR
+    from megarl.trainer.run_lock import handed_to_children, hold_for_job
 
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}; use one of {', '.join(JOBS)}")
@@ -71,11 +76,29 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if cfg.trainer.launcher == "torchrun" and not under_torchrun():
-        return relaunch_with_torchrun(cfg, argv)
     if cfg.trainer.launcher == "ray" and under_torchrun():
         print("megarl: this process runs under torchrun; set trainer.launcher=torchrun", file=sys.stderr)
         return EXIT_USAGE
+    spmd_rank = int(os.environ["RANK"]) if cfg.trainer.launcher == "torchrun" and under_torchrun() else None
+    with contextlib.ExitStack() as held:
+        try:  # one run per trainer.output_dir, before anything is written there
+            lock = held.enter_context(hold_for_job(cfg.trainer.output_dir, spmd_rank, say=_say))
+        except MegarlError as e:
+            return report_error(job, e)
+        if cfg.trainer.launcher == "torchrun" and spmd_rank is None and lock is not None:
+            with handed_to_children(lock):  # the ranks run under this process's lock
+                return relaunch_with_torchrun(cfg, argv)
+        return _run_job(job, cfg)
+
+
+def _say(line: str) -> None:
+    print(line, file=console(), flush=True)
+
+
+def _run_job(job: str, cfg: MegarlConfig) -> int:
+    """Run `job`'s trainer in this process (the Ray driver, or one torchrun rank); returns the exit code."""
+    from megarl.controller.rank_status import RANK_STATUS, STATUS_DIR
+
     if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
         RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
         rank_output_to_log(cfg.trainer.output_dir, int(os.environ["RANK"]))

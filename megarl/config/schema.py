@@ -453,13 +453,16 @@ class TrainerConfig:
     # keep the newest K complete checkpoints (older ones are deleted after a save); None = keep all
     # (verl's max_actor_ckpt_to_keep)
     max_checkpoints: int | None = None
-    save_hf: bool = False  # also write the final actor as a Hugging Face model to <output_dir>/hf
+    # also write the final actor as a Hugging Face model to <output_dir>/hf (a config error when that is,
+    # contains or lies inside model.path or another model the run reads)
+    save_hf: bool = False
     eval_every: int = 0  # evaluate on data.val_files every N steps (and after the last); 0 = never
     val_before_train: bool = True  # evaluate on data.val_files before the first step (logged as step 0)
     # write every validation response (input, output, score) to <dir>/step_<N>.jsonl; None = don't
     # (verl's trainer.validation_data_dir)
     validation_data_dir: str | None = None
-    output_dir: str = "outputs/run"  # checkpoints, logs and reports go here
+    # checkpoints, logs and reports go here; one run at a time (<output_dir>/run.lock; verl has no lock)
+    output_dir: str = "outputs/run"
     # "auto": continue from <output_dir>/checkpoints/latest when there is one (else start afresh);
     # "disable": always start afresh; or a checkpoint: a step directory, a run's checkpoints/ or the
     # run directory. A resumed run continues exactly where the checkpoint was saved (bit-exact on the

@@ -32,6 +32,7 @@ from megarl.config.validate_algorithm import (
 )
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.layout import ParallelLayout
+from megarl.output_guard import overlap
 
 __all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "resolve_for_run", "validate"]
 
@@ -107,6 +108,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     dims = load_dims(cfg, check_paths, problems)
     _check_model(cfg, check_paths, problems)
     _check_trainer(cfg, check_paths, problems)
+    _check_export_apart(cfg, problems)
     plan = check_placement(cfg, problems)
     layouts = {
         role: check_worker_group(cfg, role, dims.get("actor" if role == "ref" else role), problems)
@@ -357,6 +359,28 @@ def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) ->
         )
     at_least(problems, "trainer.max_bad_steps", t.max_bad_steps, 1, "e.g. 3 (steps in a row with NaN/inf)")
     _check_profiling(cfg, problems)
+
+
+def _check_export_apart(cfg: MegarlConfig, problems: list[str]) -> None:
+    """The HF export (`<output_dir>/hf`: trainer.save_hf, or every sft/preference/rm run) would replace a
+    model the run reads: refused before anything is written."""
+    if not cfg.trainer.output_dir or not (cfg.trainer.save_hf or cfg.algorithm.name not in RL_ALGORITHMS):
+        return
+    export = os.path.join(cfg.trainer.output_dir, "hf")
+    why = "trainer.save_hf=true writes" if cfg.algorithm.name in RL_ALGORITHMS else "this job writes"
+    inputs = {
+        "model.path": cfg.model.path,
+        "model.tokenizer_path": cfg.model.tokenizer_path,
+        "critic.model_path": cfg.critic.model_path,
+        "reward.model_path": cfg.reward.model_path,
+    }
+    for key, path in inputs.items():
+        if path and (how := overlap(export, path)):
+            problems.append(
+                f"{why} the Hugging Face model to {export}, which {how} {key}={path}: the export would "
+                f"overwrite the model it starts from; set trainer.output_dir to another directory (or copy "
+                "the model elsewhere first)"
+            )
 
 
 def _check_profiling(cfg: MegarlConfig, problems: list[str]) -> None:

@@ -70,7 +70,11 @@ class OfflineTrainer(SessionTrainer):
         self.session = session = RunSession(cfg, self.job, total_steps, stream)
         self.resume_from = session.resume_from
         if session.resumed is not None:
-            self._check_data_position(session.resumed.get("data", {}))
+            try:
+                self._check_data_position(session.resumed.get("data", {}))
+            except ResumeError:
+                session.close()  # the run lock
+                raise
         self.start_step = self.done_step = session.start_step
         self.is_writer = session.is_writer
         self.last_metrics: dict[str, Any] = {}  # the last step's
@@ -128,11 +132,8 @@ class OfflineTrainer(SessionTrainer):
             f"megarl {self.job}: {len(self.examples)} {self.items}, {self.total_steps} steps of "
             f"{self.batch_size} on {self.cfg.model.path}"
         )
-        if self.done_step >= self.total_steps:
-            self.log.warn(
-                f"megarl {self.job}: {self.resume_from} is at step {self.done_step}, trainer.total_steps="
-                f"{self.total_steps}: nothing left to train; exporting it (trainer.resume=disable starts afresh)"
-            )
+        if (nothing_left := self.session.nothing_left(self.done_step, exports=True)) is not None:
+            self.log.warn(nothing_left)
         self._begin()
         while self.done_step < self.total_steps:
             self.step()

@@ -91,6 +91,7 @@ class RLTrainer(SessionTrainer):
             try:
                 self.loader.load_state_dict(resumed["data"])
             except ValueError as e:  # another data set or data.seed
+                session.close()  # the run lock
                 raise ResumeError(f"{self.resume_from}: {e}") from None
         self.start_step = self.done_step = session.start_step
         self.best_val_reward: float | None = None
@@ -121,6 +122,8 @@ class RLTrainer(SessionTrainer):
         run's included). The workers keep running: a later `fit(total_steps=…)` continues. The actor's
         LR schedule spans the configured total; steps past it keep its final learning rate."""
         self._retarget(total_steps)
+        if (nothing_left := self.session.nothing_left(self.done_step, self.cfg.trainer.save_hf)) is not None:
+            self.log.warn(nothing_left)
         self._begin()
         while self.done_step < self.total_steps:
             self.step()

@@ -2,12 +2,14 @@
 to the shutdown that stops them. A trainer keeps its data, rewards and step graph; the session owns the
 rest of a run.
 
-    session = RunSession(cfg, job="sft", total_steps=100)  # trainer.resume found and checked; no process yet
+    session = RunSession(cfg, job="sft", total_steps=100)  # the run lock taken; trainer.resume found and
+                                                            # checked; no process yet
     ...                                                     # the trainer checks its data against session.resumed
     session.start()          # progress log, config.yaml + run_info.json, worker groups, profiler, checkpoints
     session.resume_groups()  # the trained roles' weights, optimizer and RNG from session.resume_from
     ...                      # steps: session.log, session.profiler, session.checkpoints
-    session.close()          # every worker process stopped, logging closed, the report written; idempotent
+    session.close()          # every worker process stopped, logging closed, the report written, the
+                             # run lock released; idempotent
 
 `logging.report` is written at close once training began (`began_training`), also after a crash.
 """
@@ -21,6 +23,7 @@ from megarl.checkpoint.run import (
     RL_JOB,
     TRAINED_ROLES,
     RunCheckpoints,
+    check_data_files,
     check_job,
     check_resumable,
     precheck_roles,
@@ -28,11 +31,14 @@ from megarl.checkpoint.run import (
     resolve_resume,
 )
 from megarl.config.schema import MegarlConfig
+from megarl.data.files import fingerprint_files
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
 from megarl.observe.run_files import write_run_files
+from megarl.observe.worker_logs import console
 from megarl.trainer.roles import RoleGroups, build_roles, enabled_roles, is_writer_process
+from megarl.trainer.run_lock import claim
 
 
 class RunSession:
@@ -44,25 +50,48 @@ class RunSession:
         stream: TextIO | None = None,
         roles: RoleGroups | None = None,
     ) -> None:
-        """Find trainer.resume's checkpoint and check it against `job` and the roles `cfg` (resolved)
-        starts; `roles`: groups already started (they are shut down at close like the session's own)."""
+        """Hold the output directory (megarl.trainer.run_lock: RunDirInUseError when another run has it),
+        then find trainer.resume's checkpoint and check it against `job`, the training files and the roles
+        `cfg` (resolved) starts; `roles`: groups already started (they are shut down at close like the
+        session's own)."""
         self.cfg, self.job, self.total_steps, self.stream = cfg, job, total_steps, stream
         self.output_dir = Path(cfg.trainer.output_dir)
         self.role_names = enabled_roles(cfg)
         self.says = "megarl" if job == RL_JOB else f"megarl {job}"  # how its messages begin
-        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
-        self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer state
-        if self.resume_from is not None:
-            self.resumed = read_trainer_state(self.resume_from)
-            check_job(self.resume_from, self.resumed, job)
-            check_resumable(self.resume_from, self.role_names)
-            precheck_roles(self.resume_from, cfg, total_steps, self.role_names)
-        self.start_step = self.resumed["step"] if self.resumed is not None else 0
         self.roles = roles
         self.is_writer = roles.is_writer if roles is not None else is_writer_process(cfg)
         self._log: ProgressLog | None = None
         self.began_training = False  # set by the trainer at its first step: the report is due at close
         self._closed = False
+        # one run per output directory (megarl.trainer.run_lock): the writer holds it until close
+        self._unlock = claim(self.output_dir, self._say) if self.is_writer else None
+        try:
+            self._check_resume(cfg, job, total_steps)
+        except BaseException:
+            if self._unlock is not None:  # (groups given as `roles` stay the caller's to stop)
+                self._unlock()
+                self._unlock = None
+            raise
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.stream or console(), flush=True)
+
+    def _check_resume(self, cfg: MegarlConfig, job: str, total_steps: int) -> None:
+        self.resume_from = resolve_resume(cfg.trainer.resume, self.output_dir)
+        self.resumed: dict[str, Any] | None = None  # the checkpoint's trainer state
+        self.notes: list[str] = []  # said once the progress log is open
+        # the training files' fingerprints, kept in every checkpoint and compared on resume (writer only)
+        self.data_files = fingerprint_files(cfg.data.train_files) if self.is_writer else None
+        if self.resume_from is not None:
+            self.resumed = read_trainer_state(self.resume_from)
+            check_job(self.resume_from, self.resumed, job)
+            if self.data_files is not None and (
+                note := check_data_files(self.resume_from, self.resumed, self.data_files)
+            ):
+                self.notes.append(f"{self.says}: {note}")
+            check_resumable(self.resume_from, self.role_names)
+            precheck_roles(self.resume_from, cfg, total_steps, self.role_names)
+        self.start_step = self.resumed["step"] if self.resumed is not None else 0
 
     def start(self) -> RoleGroups:
         """Open the progress log, write the run files, start the worker groups (unless given), and set up
@@ -70,6 +99,8 @@ class RunSession:
         cfg = self.cfg
         resume_step = self.start_step if self.resumed is not None else None
         self._log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, self.stream, resume_step)
+        for note in self.notes:
+            self._log.warn(note)
         if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
             write_run_files(cfg, self.output_dir)
         if self.roles is None:
@@ -80,8 +111,9 @@ class RunSession:
         trained = {role: group for role, group in trained.items() if group is not None}
         self.profiler = StepProfiler.for_run(cfg, trained, self.is_writer)
         spmd = cfg.trainer.launcher == "torchrun"
+        run_state = {"data_files": self.data_files} if self.data_files is not None else None
         self.checkpoints = RunCheckpoints(
-            self.output_dir, trained, self.is_writer, cfg.trainer.max_checkpoints, spmd=spmd
+            self.output_dir, trained, self.is_writer, cfg.trainer.max_checkpoints, spmd, run_state
         )
         return self.roles
 
@@ -106,6 +138,18 @@ class RunSession:
                 f"kept aside as {', '.join(n + '.superseded' for n in superseded)} in {self.checkpoints.root}"
             )
 
+    def nothing_left(self, done_step: int, exports: bool) -> str | None:
+        """What to say when a resumed run is already at (or past) its last step: `fit` then trains
+        nothing (and exits 0); `exports`: the model is still written as a Hugging Face checkpoint."""
+        if self.resume_from is None or done_step < self.total_steps or done_step > self.start_step:
+            return None
+        then = "; writing its Hugging Face export" if exports else ""
+        return (
+            f"{self.says}: {self.resume_from} is at step {done_step} and this run ends at step {self.total_steps} "
+            f"(trainer.total_steps or its epochs): nothing left to train{then}. Raise trainer.total_steps to train "
+            "further, or start afresh with trainer.resume=disable"
+        )
+
     def retarget(self, total_steps: int) -> None:
         """Make `total_steps` the run's last step (what the progress log counts to)."""
         self.total_steps = total_steps
@@ -122,10 +166,14 @@ class RunSession:
             if self.roles is not None:
                 self.roles.shutdown()
         finally:
-            if self._log is not None:
-                self._log.close()
-                if self.began_training and self.is_writer and self.cfg.logging.report:
-                    try_write_report(self.output_dir, self._log.message)  # never raises
+            try:
+                if self._log is not None:
+                    self._log.close()
+                    if self.began_training and self.is_writer and self.cfg.logging.report:
+                        try_write_report(self.output_dir, self._log.message)  # never raises
+            finally:
+                if self._unlock is not None:
+                    self._unlock()
 
 
 class SessionTrainer:

@@ -130,3 +130,33 @@ def test_data_make_lists_the_files_on_stdout_and_its_progress_on_stderr(tmp_path
     assert re.fullmatch(
         r"making digits_sort: 8 train, 4 val, 8 sft, 6 preference and kto examples … done in \d+\.\d s\n", err
     )
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("out", ["run", "actor"])
+def test_mcore_to_hf_over_its_own_run_is_refused_and_the_run_kept(tiny_models, tmp_path, capsys, out):
+    from tests.helpers.checkpoints import fake_run
+
+    role = fake_run(tiny_models["llama"], tmp_path / "run")
+    files = sorted(p for p in tmp_path.rglob("*"))
+    target = tmp_path / "run" if out == "run" else role
+    argv = ["convert", "mcore-to-hf", "--ckpt", str(tmp_path / "run"), "--out", str(target), "--overwrite"]
+    code, _, err = run(argv, capsys)
+    how = "contains" if out == "run" else "is"
+    assert code == 2 and f"--out {target} {how} the checkpoint --ckpt names ({role})" in err, err
+    assert sorted(p for p in tmp_path.rglob("*")) == files
+
+
+def test_hf_to_mcore_output_over_its_input_or_a_file_is_refused(hf_config_dir, tmp_path, capsys):
+    argv = ["convert", "hf-to-mcore", "--hf", str(hf_config_dir), "--overwrite", "--out"]
+    code, _, err = run([*argv, str(hf_config_dir / "mcore")], capsys)
+    assert code == 2 and f"lies inside --hf ({hf_config_dir})" in err
+    (tmp_path / "f").write_text("x")
+    code, _, err = run([*argv, str(tmp_path / "f")], capsys)
+    assert code == 2 and "is a file, not a directory" in err and not (tmp_path / "f.partial").exists()
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a training run
+    code, _, err = run([*argv, str(tmp_path / "run")], capsys)
+    assert (
+        code == 2 and f"holds a megarl training run or checkpoint ({tmp_path / 'run' / 'checkpoints'})" in err
+    )
+    assert (tmp_path / "run" / "checkpoints").is_dir()

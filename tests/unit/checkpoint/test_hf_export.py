@@ -2,47 +2,15 @@
 padded vocabulary), for every family, in one process. Real megatron TP2xPP2 checkpoints are covered by
 tests/multiproc/test_convert.py."""
 
-import json
-
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from megarl.checkpoint.format import META_FILE
 from megarl.checkpoint.hf_export import export_checkpoint_hf
-from megarl.models.convert import llama
-from megarl.models.convert.hf_io import HFCheckpointReader, copy_hf_metadata
-from megarl.models.from_hf import ModelArchitecture
+from megarl.models.convert.hf_io import HFCheckpointReader
+from tests.helpers.checkpoints import fake_megatron_checkpoint
 
 pytestmark = pytest.mark.unit
-PADDED_VOCAB = 1024
-
-
-def fake_megatron_checkpoint(hf_dir, out):
-    """What `megarl convert hf-to-mcore` writes, built without megatron."""
-    arch = ModelArchitecture.from_pretrained(hf_dir)
-    hf = load_file(hf_dir / "model.safetensors")
-    stacked: dict[str, list[torch.Tensor]] = {}
-    state = {}
-    for name in llama.megatron_names(arch):
-        entry, hf_names = llama.param_map(name, arch)
-        full = llama.merge(entry, [hf[n] for n in hf_names], arch)
-        if entry.kind.name == "VOCAB":
-            full = torch.cat([full, full.new_zeros(PADDED_VOCAB - full.shape[0], full.shape[1])])
-        template, layer = llama.split_layer_name(name)
-        if layer is None:
-            state[name] = full
-        else:
-            stacked.setdefault(template.replace("{i}.", ""), []).append(full)
-    state.update({key: torch.stack(layers) for key, layers in stacked.items()})
-    dcp.save(state, checkpoint_id=out / "model", no_dist=True)
-    (out / "model" / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
-    copy_hf_metadata(hf_dir, out / "hf")
-    (out / META_FILE).write_text(
-        json.dumps({"format_version": 1, "dtype": "fp32", "padded_vocab_size": PADDED_VOCAB})
-    )
-    return out
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -113,3 +113,161 @@ def test_driver_rng_states_round_trip_through_json():
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     restore_rng(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+RL_STATE = {
+    "version": 1,
+    "step": 4,
+    "job": "rl",
+    "data": {"epoch": 0, "position": 8, "seed": 1, "n_rows": 16},
+    "kl_ctrl": {"value": 0.001},
+    "next_uid": 8,
+    "best_val_reward": None,
+    "bad_steps": {},
+    "driver_rng": {},
+}
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"step": "four"}, "field 'step' is \"four\", not a whole number ≥ 0"),
+        ({"step": -1}, "field 'step' is -1, not a whole number ≥ 0"),
+        ({"step": True}, "field 'step' is true, not a whole number ≥ 0"),
+        ({"step": None}, "field 'step' is null, not a whole number ≥ 0"),
+        ({"kl_ctrl": "missing"}, "field 'kl_ctrl' is missing"),
+        ({"data": {"epoch": 0, "seed": 1}}, "field 'data.position' is missing"),
+        ({"next_uid": 1.5}, "field 'next_uid' is 1.5, not a whole number ≥ 0"),
+        ({"data_files": {}}, "field 'data_files' is {}, not a list of the training files' fingerprints"),
+    ],
+)
+def test_a_damaged_trainer_state_names_the_file_and_the_field(tmp_path, edit, problem):
+    from megarl.checkpoint.run import read_trainer_state
+
+    step = tmp_path / "checkpoints" / "step_4"
+    step.mkdir(parents=True)
+    state = {k: v for k, v in {**RL_STATE, **edit}.items() if v != "missing"}
+    (step / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(ResumeError) as e:
+        read_trainer_state(step)
+    assert str(e.value) == (
+        f"{step / 'trainer_state.json'}: {problem}; the file is damaged: resume from an earlier step directory "
+        f"(trainer.resume={step.parent}/step_<N>) or start afresh with trainer.resume=disable"
+    )
+
+
+def test_trainer_state_that_is_not_json_or_not_an_object_is_named(tmp_path):
+    from megarl.checkpoint.run import read_trainer_state
+
+    (tmp_path / "trainer_state.json").write_text('{"step": 4,')
+    with pytest.raises(ResumeError, match=r"trainer_state.json cannot be read \(JSONDecodeError: .*line 1"):
+        read_trainer_state(tmp_path)
+    (tmp_path / "trainer_state.json").write_text("[4]")
+    with pytest.raises(ResumeError, match=r"trainer_state.json holds a JSON list, not the trainer's state"):
+        read_trainer_state(tmp_path)
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps({"version": 1, "step": 3, "job": "sft", "data": {}})
+    )
+    assert read_trainer_state(tmp_path)["step"] == 3  # an offline job's state has no RL fields
+
+
+def test_every_save_keeps_the_run_state_beside_the_trainers(tmp_path):
+    files = [{"path": "/d/train.parquet", "bytes": 10, "sha256": "ab" * 32}]
+    checkpoints = RunCheckpoints(tmp_path, {}, is_writer=True, run_state={"data_files": files})
+    report = checkpoints.save(3, {"job": "sft"}, "a: 1\n")
+    state = json.loads((report.path / "trainer_state.json").read_text())
+    assert state == {"version": 1, "step": 3, "data_files": files, "job": "sft"}
+
+
+def _full_disk_on(monkeypatch, name: str) -> None:
+    """The fault: writing a file called `name` fails as on a full disk."""
+    import errno
+    import os
+    from pathlib import Path
+
+    write_text = Path.write_text
+
+    def fails(self, *args, **kwargs):
+        if self.name == name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", fails)
+
+
+def test_a_full_disk_mid_save_is_one_message_and_the_previous_checkpoint_stays_latest(tmp_path, monkeypatch):
+    from megarl.checkpoint.run import CheckpointSaveError
+
+    save(tmp_path, 2)
+    root = tmp_path / "checkpoints"
+    before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    _full_disk_on(monkeypatch, "config.yaml")
+    with pytest.raises(CheckpointSaveError) as e:
+        RunCheckpoints(tmp_path, {}, is_writer=True).save(4, {"x": 4}, "a: 1\n")
+    message = str(e.value)
+    assert message.startswith(
+        f"saving checkpoint step_4 failed: no space left on the device of {root} (a checkpoint takes about "
+    )
+    assert message.endswith(
+        " free); the unfinished save was removed and the previous checkpoint step_2 is intact and `latest` still "
+        "names it. Free some space (trainer.max_checkpoints keeps fewer checkpoints) or move trainer.output_dir "
+        "to a larger disk, then rerun to resume"
+    )
+    after = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    assert after == before and resolve_resume("auto", tmp_path) == root / "step_2"
+
+
+class _FullDiskGroup:
+    """A role group whose save fails the way a Ray worker's does on a full disk (the fault)."""
+
+    def save_checkpoint(self, role_dir, meta):
+        from pathlib import Path
+
+        from megarl.controller.worker import WorkerError
+
+        Path(role_dir).mkdir()
+        (Path(role_dir) / "__0_0.distcp").write_bytes(b"\0" * 1000)  # what it wrote before the disk filled
+        raise WorkerError(
+            "actor.save_checkpoint failed on rank 0 of 2 on h (pid 7): OutputWriteError: no space left on the "
+            f"device of {role_dir} (12 B free); free some space or write elsewhere\nTraceback (most recent …",
+            "actor",
+            0,
+        )
+
+
+def test_a_workers_full_disk_is_the_same_message_without_its_traceback(tmp_path):
+    from megarl.checkpoint.run import CheckpointSaveError
+
+    with pytest.raises(CheckpointSaveError) as e:
+        RunCheckpoints(tmp_path, {"actor": _FullDiskGroup()}, is_writer=True).save(1, {}, "a: 1\n")
+    assert str(e.value).startswith(
+        f"saving checkpoint step_1 failed: no space left on the device of {tmp_path}"
+    )
+    assert "no earlier checkpoint exists" in str(e.value) and "Traceback" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []  # no step_1.partial left
+
+
+def test_a_role_save_that_lost_its_cause_is_told_apart_by_the_space_left(tmp_path, monkeypatch):
+    import errno
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from megarl.checkpoint import role
+    from megarl.output_guard import OutputWriteError
+
+    enospc = OSError(errno.ENOSPC, "No space left on device")
+    carried = CheckpointException("save", {1: (enospc, traceback.extract_stack())})
+    assert str(role.save_failure(carried, tmp_path, 1)).startswith(
+        f"no space left on the device of {tmp_path} ("
+    )
+    lost = CheckpointException("save", {})  # megatron's parallel writers: "ranks:dict_keys([])"
+    error = role.save_failure(lost, tmp_path, 0)
+    assert not isinstance(error, OutputWriteError)  # plenty of space here: not called a full disk
+    assert str(error).startswith(
+        f"saving {tmp_path} failed on rank 0: CheckpointException: CheckpointException"
+    )
+    monkeypatch.setattr(role, "free_bytes", lambda path: 4096)  # the fault: the disk is full
+    assert str(role.save_failure(lost, tmp_path, 0)) == (
+        f"no space left on the device of {tmp_path} (4.1 KB free); free some space or write elsewhere"
+    )

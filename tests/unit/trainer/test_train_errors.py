@@ -34,6 +34,8 @@ def _fails(capsys, overrides: list[str], *expected: str) -> str:
     err = capsys.readouterr().err
     for text in expected:
         assert text in err, err
+    out = next(Path(o.split("=", 1)[1]) for o in overrides if o.startswith("trainer.output_dir="))
+    assert not (out / "run.lock").exists()  # a run that failed released its output directory
     return err
 
 
