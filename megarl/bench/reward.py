@@ -18,14 +18,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from megarl.config.schema import RewardFunctionConfig, RewardModelConfig
 from megarl.observe.machine import cpu_model
-from megarl.protocol import Batch
-from megarl.rewards.computer import RewardComputer
+
+if TYPE_CHECKING:  # torch, tensordict and transformers load when the bench runs, not with the CLI's parser
+    from megarl.protocol import Batch
+    from megarl.rewards.computer import RewardComputer
 
 VERL_FILE = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -61,6 +61,10 @@ REWARDS = ("gsm8k", "math", "countdown", "digits", "verl_file")
 
 
 def make_batch(reward: str, rows: int) -> Batch:
+    import torch
+
+    from megarl.protocol import Batch
+
     sources, texts, truths = zip(*(_row(reward, i) for i in range(rows)))
     columns = {"data_source": list(sources), "response_text": list(texts), "ground_truth": list(truths)}
     return Batch({"index": torch.arange(rows)}, columns)
@@ -68,6 +72,8 @@ def make_batch(reward: str, rows: int) -> Batch:
 
 def time_scoring(computer: RewardComputer, batch: Batch, repeats: int) -> dict[str, Any]:
     """The first call (starts the workers) and the median of `repeats` more; errors must be 0."""
+    import torch
+
     start = time.perf_counter()
     first_scores, metrics = computer.score(batch)
     first = time.perf_counter() - start
@@ -87,6 +93,8 @@ def time_scoring(computer: RewardComputer, batch: Batch, repeats: int) -> dict[s
 
 
 def measure(reward: str, rows: int, repeats: int, workers: int | None, directory: Path) -> dict[str, Any]:
+    from megarl.rewards.computer import RewardComputer
+
     function = RewardFunctionConfig()
     if reward == "verl_file":
         path = directory / "verl_reward.py"
