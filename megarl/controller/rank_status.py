@@ -150,6 +150,8 @@ def post_mortem(
         where, failure = _where(s), failures.get(s["rank"], "")
         if s["state"] == "done":
             others.append((s, "had finished"))
+        elif s["state"] == "preempted":
+            others.append((s, f"stopped for a stop signal: {s['error']}"))
         elif s["state"] == "failed":
             others.append((s, f"failed {where}: {s['error']}"))
         elif _pid_alive(s["pid"]):
