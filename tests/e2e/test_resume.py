@@ -157,17 +157,19 @@ def test_torchrun_supervisor_sigkilled_rank_killed_then_sigterm_mid_step_saves_i
 
 
 def _wait_for_step(out, step: int, proc, timeout_s: float = 400) -> None:
-    """Until a rank's status file (torchrun) or metrics.jsonl (Ray: step - 1 logged) shows `step` running."""
+    """Until `step` runs: a rank's status file says so (torchrun), or step - 1 is in metrics.jsonl (Ray)."""
+    spmd = "trainer.launcher=torchrun" in proc.args
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        for path in (out / "status").glob("rank_*.json"):
-            try:
-                if json.loads(path.read_text()).get("step") == step:
-                    return
-            except ValueError:
-                pass
-        if (out / "metrics.jsonl").exists() and step - 1 in jsonl_history(out):
+        if spmd:
+            for path in (out / "status").glob("rank_*.json"):
+                try:
+                    if json.loads(path.read_text()).get("step") == step:
+                        return
+                except ValueError:
+                    pass
+        elif (out / "metrics.jsonl").exists() and step - 1 in jsonl_history(out):
             return
         time.sleep(0.2)
     raise AssertionError(f"step {step} did not start within {timeout_s} s")
