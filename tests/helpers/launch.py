@@ -110,8 +110,14 @@ def non_loopback_listeners(pids: list[int]) -> list[str]:
         try:
             proc = psutil.Process(pid)
             for conn in proc.net_connections(kind="tcp"):
-                if conn.status == psutil.CONN_LISTEN and not ipaddress.ip_address(conn.laddr.ip).is_loopback:
+                if conn.status == psutil.CONN_LISTEN and not _is_loopback(conn.laddr.ip):
                     found.append(f"{pid} {proc.name()} {conn.laddr.ip}:{conn.laddr.port}")
         except psutil.Error:
             continue
     return found
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 (gRPC's dual-stack sockets)
+    return (mapped or address).is_loopback
