@@ -52,11 +52,20 @@ def torchrun():
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """One loopback Ray cluster for the whole session (starting Ray costs 3-5 s and ~0.5 GB). 8 CPU
-    slots: 4 ranks x 0.5 CPU, colocated groups and the driver fit."""
+    slots: 4 ranks x 0.5 CPU, colocated groups and the driver fit. RAY_ADDRESS names it, so that the
+    `megarl` commands the tests start join it instead of starting their own."""
+    import os
+
     import ray
 
-    from megarl.controller.resource_pool import start_local_ray
+    from megarl.controller.resource_pool import cluster_address, start_local_ray
 
+    named = os.environ.get("RAY_ADDRESS")
     start_local_ray(num_cpus=8)
+    os.environ["RAY_ADDRESS"] = cluster_address()
     yield
     ray.shutdown()
+    if named is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = named

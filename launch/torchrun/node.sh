@@ -7,7 +7,8 @@
 #
 # Environment: NNODES, NODE_RANK, MASTER_ADDR (required); MASTER_PORT (29500); NPROC_PER_NODE (the
 # visible GPUs, else 1); MEGARL_PYTHON (python). Set NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME when the
-# nodes' default interface is not the one they reach each other on.
+# nodes' default interface is not the one they reach each other on. SIGTERM or SIGUSR1 to this process
+# (torchrun) reaches every rank: they finish their step, save it and exit 75 (torchrun then exits 1).
 set -euo pipefail
 if [ $# -lt 1 ]; then
     echo "usage: NNODES=N NODE_RANK=R MASTER_ADDR=HOST launch/torchrun/node.sh CONFIG [key=value ...]" >&2
@@ -25,4 +26,5 @@ fi
 nproc=${NPROC_PER_NODE:-$([ "${gpus:-0}" -gt 0 ] && echo "$gpus" || echo 1)}
 exec "$python" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$nproc" \
     --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}" --max_restarts 0 \
+    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout "${MEGARL_SHUTDOWN_TIMEOUT_S:-600}" \
     -m megarl.train "$@" trainer.launcher=torchrun trainer.nnodes="$NNODES" trainer.n_devices_per_node="$nproc"

@@ -314,6 +314,7 @@ class RunCheckpoints:
         self.root = checkpoints_dir(output_dir)
         self.groups = {role: g for role, g in groups.items() if g is not None}
         self.is_writer, self.max_checkpoints, self.spmd = is_writer, max_checkpoints, spmd
+        self.saved_step: int | None = None  # the step of this run's last complete save
 
     def supersede_after(self, step: int) -> list[str]:
         """Rename the complete checkpoints after `step` (a resumed run's future, or a fresh run's
@@ -348,6 +349,7 @@ class RunCheckpoints:
             )  # ... and only then latest
             self._prune(keep=final)
         self._barrier()
+        self.saved_step = step
         return SaveReport(final, time.perf_counter() - start, written)
 
     def _write(self, staging: Path, step: int, trainer_state: dict[str, Any], config_yaml: str) -> int:

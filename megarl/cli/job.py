@@ -12,6 +12,9 @@ megarl rm CONFIG [key=value ...]              reward-model training on preferenc
     megarl train CONFIG trainer.launcher=torchrun     # the same: megarl starts torchrun on this node
 
 Every config problem is reported before any process starts (exit 2). Ctrl-C stops every worker.
+SIGTERM or SIGUSR1 (a scheduler's time limit or preemption, scancel, kill) lets the running step finish
+within trainer.preempt_grace_s, saves a checkpoint of it, stops every worker and exits 75: the same
+command resumes (megarl.distributed.preemption).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def run(config: str, overrides: list[str], job: str = "train") -> int:
     """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
-    from megarl.cli.torchrun import relaunch_with_torchrun, under_torchrun
+    from megarl.cli.torchrun import SUPERVISED, relaunch_with_torchrun, under_torchrun
     from megarl.config import load_config
     from megarl.config.validate_algorithm import RL_ALGORITHMS
     from megarl.controller import faults
@@ -98,10 +101,13 @@ def _say(line: str) -> None:
 def _run_job(job: str, cfg: MegarlConfig) -> int:
     """Run `job`'s trainer in this process (the Ray driver, or one torchrun rank); returns the exit code."""
     from megarl.controller.rank_status import RANK_STATUS, STATUS_DIR
+    from megarl.distributed.preemption import PREEMPTION, Preempted, die_with_parent
 
     if cfg.trainer.launcher == "torchrun":  # read by the post-mortem when the job fails
+        die_with_parent()  # a rank never outlives its torchrun (or srun step)
         RANK_STATUS.open(Path(cfg.trainer.output_dir) / STATUS_DIR, int(os.environ["RANK"]))
         rank_output_to_log(cfg.trainer.output_dir, int(os.environ["RANK"]))
+    PREEMPTION.install()  # SIGTERM/SIGUSR1: finish the step, save it, stop (exit 75)
     try:
         if job == "sft":
             from megarl.trainer.sft import SFTTrainer
@@ -123,6 +129,11 @@ def _run_job(job: str, cfg: MegarlConfig) -> int:
 
             with RLTrainer(cfg) as trainer:
                 trainer.fit()
+    except Preempted as e:  # every worker is stopped; one line (rank 0's, or megarl's torchrun supervisor's)
+        RANK_STATUS.finish(e)
+        if os.environ.get("RANK", "0") == "0" and SUPERVISED not in os.environ:
+            print(f"megarl {job}: {e}", file=console_errors())
+        return e.exit_code
     except (MegarlError, OSError) as e:  # a failed run's workers are already stopped
         RANK_STATUS.finish(e)
         return report_error(job, e)
@@ -133,6 +144,8 @@ def _run_job(job: str, cfg: MegarlConfig) -> int:
     except BaseException as e:
         RANK_STATUS.finish(e)
         raise
+    finally:
+        PREEMPTION.uninstall()
     RANK_STATUS.finish()
     return 0
 

@@ -481,6 +481,12 @@ class TrainerConfig:
     worker_timeout_s: float = 1800.0
     # stop the run after this many steps in a row whose update was skipped for a NaN/inf gradient norm
     max_bad_steps: int = 3
+    # after SIGTERM or SIGUSR1 (SLURM's time limit, preemption or `--signal=B:USR1@120`; scancel; kill)
+    # the running step may take this long to finish; then a checkpoint of it is saved (whatever
+    # save_every says) and the run exits 75, to be resumed by the same command. A step still running
+    # after it is abandoned (the last saved checkpoint stays). Keep it plus a save below the time the
+    # scheduler waits before SIGKILL. verl has no such key (SIGTERM ends a verl run where it is)
+    preempt_grace_s: float = 60.0
 
 
 @dataclass

@@ -5,8 +5,8 @@ Every rank keeps `<trainer.output_dir>/status/rank_<r>.json`:
     {"rank": 1, "host": "node3", "pid": 4242, "role": "actor", "method": "actor.update", "in_call": true,
      "step": 2, "state": "running", "error": null, "updated": 1767225600.1}
 
-`state` is "running" until the rank's program ends: "done" (returned) or "failed" (raised; `error` says
-what). The SPMD worker group rewrites it before and after every dispatched call (a small atomic JSON
+`state` is "running" until the rank's program ends: "done" (returned), "preempted" (stopped by a stop
+signal) or "failed" (raised; `error` says what). The SPMD worker group rewrites it before and after every dispatched call (a small atomic JSON
 write). A rank whose process is gone while its file still says "running" was killed (or stopped by
 torchrun after another rank failed); `post_mortem` tells which rank it was and what the others were doing.
 """
@@ -63,9 +63,14 @@ class RankStatus:
         self._write()
 
     def finish(self, error: BaseException | None = None) -> None:
-        """The rank's program ended: "done", or "failed" with the error's first lines."""
+        """The rank's program ended: "done", "preempted" (a stop signal, `Preempted`) or "failed", with
+        the error's first lines."""
+        from megarl.distributed.preemption import Preempted
+
         if error is None:
             self.fields.update(state="done", error=None)
+        elif isinstance(error, Preempted):
+            self.fields.update(state="preempted", error=str(error))
         else:
             text = f"{type(error).__name__}: {error}".strip()
             self.fields.update(state="failed", error="\n".join(text.splitlines()[:4]))
@@ -148,6 +153,8 @@ def post_mortem(
         where, failure = _where(s), failures.get(s["rank"], "")
         if s["state"] == "done":
             others.append((s, "had finished"))
+        elif s["state"] == "preempted":
+            others.append((s, f"stopped for a stop signal: {s['error']}"))
         elif s["state"] == "failed":
             others.append((s, f"failed {where}: {s['error']}"))
         elif _pid_alive(s["pid"]):

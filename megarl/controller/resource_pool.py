@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 
 import ray
@@ -27,71 +29,101 @@ class ResourcePoolError(MegarlError, RuntimeError):
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
-    """Join the running Ray cluster on this machine, else start a local one (no-op if Ray is up).
+    """Join the Ray cluster the user names in `RAY_ADDRESS`, else start a private one for this process
+    (no-op if Ray is up).
 
-    - The cluster Ray's `address="auto"` finds is joined: `RAY_ADDRESS`, else the one last started
-      here (`ray start --head`, recorded in Ray's temp dir), else the one raylet running here. Its GCS
-      port is probed first (a few seconds): a recorded cluster that is gone (its head killed without
-      `ray stop`, e.g. by a scheduler) would otherwise make `ray.init` wait with no end; it is ignored
-      with a warning, while an unreachable `RAY_ADDRESS` is an error. Ray 2.60 has token auth on by
-      default ("auto" turns it on from ~/.ray/auth_token); a driver that connects from another node
-      needs `RAY_AUTH_MODE=token` and the cluster's token (`RAY_AUTH_TOKEN`).
-    - Otherwise a one-node cluster starts without the dashboard and with quiet logging. `num_cpus`
-      (default: max(8, the machine's cores)) is bookkeeping only: raise it so that, e.g., 4 ranks of
-      0.5 CPU plus the driver fit on a 2-core machine.
+    - `RAY_ADDRESS` (host:port, or a `ray://` client address) is the only way to share a cluster: a
+      cluster merely running on the machine (another run's, or the last `ray start --head`) is never
+      joined, so two runs at once cannot end each other. The named address is probed first (a few
+      seconds): one that does not answer is an error. Ray 2.60 has token auth on by default; a driver
+      joining from another node needs `RAY_AUTH_MODE=token` and the cluster's token (`RAY_AUTH_TOKEN`).
+    - Otherwise a one-node cluster starts, owned by this process (it ends with it), bound to loopback
+      only (every Ray port answers on 127.0.0.1 alone), without the dashboard and without Ray's metrics
+      exporter. `num_cpus` (default: max(8, the machine's cores)) is bookkeeping only: raise it so that,
+      e.g., 4 ranks of 0.5 CPU plus the driver fit on a 2-core machine.
     - Either way the workers' output is not forwarded to this process: worker groups started with a
       `log_dir` write it there (the trainer: `<trainer.output_dir>/logs`), Ray's own session logs keep
-      the rest.
-
-    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set when absent: on this kind of machine it makes Ray
-    bind loopback (otherwise it binds the machine's own address, which may not route). It also
-    forbids a second node, so on a real multi-node cluster set it to 1 before calling this.
+      the rest; and this process's SIGTERM/SIGUSR1 handlers (megarl's stop signals) survive `ray.init`.
     """
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # workers' output stays out of the driver's console: worker groups write it to their own logs
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if _running_cluster_address() is not None:
-        ray.init(address="auto", **quiet)  # resolves as the probe did; "auto" also enables token auth
-        return
-    cpus = num_cpus if num_cpus is not None else max(8, os.cpu_count() or 1)
-    # Ray 2.60 announces on every local start that token auth is on by default: a notice, not a problem
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    # "local": a new cluster even where a stale record names another (ray.init would try to join it)
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
-
-
-def _running_cluster_address(probe_timeout_s: float = 3.0) -> str | None:
-    """host:port of the cluster `address="auto"` would join, if it answers; None to start a local one."""
-    from ray._common.network_utils import parse_address
-    from ray._private.services import get_ray_address_from_environment
-
-    explicit = os.environ.get("RAY_ADDRESS")
+    # ray.init replaces SIGTERM's handler (with sys.exit): a handler of this process's own stays
+    handlers = {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}
     try:
-        address = get_ray_address_from_environment("auto", None)
-    except ConnectionError:  # no cluster recorded or running here
+        if named_cluster_address() is not None:
+            ray.init(address="auto", **quiet)  # resolves RAY_ADDRESS; "auto" also enables token auth
+            return
+        cpus = num_cpus if num_cpus is not None else max(8, os.cpu_count() or 1)
+        # Ray 2.60 announces on every local start that token auth is on by default: a notice, not a problem
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        _bind_loopback()
+        # "local": a new cluster even where another runs or a stale record names one
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+            _system_config={"enable_metrics_collection": False},
+            **quiet,
+        )
+    finally:
+        for sig, handler in handlers.items():
+            if callable(handler) and threading.current_thread() is threading.main_thread():
+                signal.signal(sig, handler)
+
+
+LOOPBACK = "127.0.0.1"
+_KEPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _bind_loopback() -> None:
+    """Make the private cluster's node address 127.0.0.1: Ray turns a loopback node address into the
+    machine's own unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is off (read once, when ray is imported,
+    hence the constant too); with it off, Ray's agents bind 127.0.0.1 instead of every interface. The
+    variable also reaches the processes the cluster starts."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def named_cluster_address(probe_timeout_s: float = 3.0) -> str | None:
+    """The cluster `RAY_ADDRESS` names, once it answers; None when it names none (start a private one)."""
+    from ray._common.network_utils import parse_address
+
+    named = address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address in ("", "local"):
         return None
-    if address in (None, "local"):
-        return None
+    if address == "auto":  # asked for: the cluster running on this machine (the last `ray start --head`)
+        from ray._private.services import get_ray_address_from_environment
+
+        try:
+            address = get_ray_address_from_environment("auto", None)
+        except ConnectionError:
+            raise ResourcePoolError(
+                "RAY_ADDRESS=auto: no Ray cluster runs on this machine; start one (ray start --head), "
+                "name one (RAY_ADDRESS=host:port), or unset RAY_ADDRESS to run on a private one"
+            ) from None
     if "://" in address:  # a Ray client address (ray://…): ray.init bounds its own connect
         return address
     host_port = parse_address(address)
     if host_port is None:
-        raise ResourcePoolError(f"RAY_ADDRESS={explicit or address} is not host:port (e.g. 10.0.0.1:6379)")
+        raise ResourcePoolError(f"RAY_ADDRESS={named} is not host:port (e.g. 10.0.0.1:6379)")
     try:
         socket.create_connection((host_port[0], int(host_port[1])), timeout=probe_timeout_s).close()
     except (OSError, ValueError):
-        if explicit:
-            raise ResourcePoolError(
-                f"RAY_ADDRESS={explicit} does not answer (nothing listens on {address}); "
-                "start that cluster, or unset RAY_ADDRESS to run on a local one"
-            ) from None
-        logging.getLogger(__name__).warning(
-            "the Ray cluster last started on this machine (%s) is gone; starting a local one", address
-        )
-        return None
+        raise ResourcePoolError(
+            f"RAY_ADDRESS={named} does not answer (nothing listens on {address}); start that cluster, or "
+            "unset RAY_ADDRESS to run on a private one"
+        ) from None
     return address
+
+
+def cluster_address() -> str:
+    """host:port of the GCS of the cluster this process is connected to (what RAY_ADDRESS names)."""
+    return ray.get_runtime_context().gcs_address
 
 
 @dataclass(frozen=True)

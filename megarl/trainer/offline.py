@@ -135,8 +135,7 @@ class OfflineTrainer(SessionTrainer):
         if (nothing_left := self.session.nothing_left(self.done_step, exports=True)) is not None:
             self.log.warn(nothing_left)
         self._begin()
-        while self.done_step < self.total_steps:
-            self.step()
+        self._train_to_target()  # a stop signal ends it after a step, with a checkpoint (Preempted)
         return self._export(self.last_metrics)
 
     def step(self) -> dict[str, float]:
@@ -163,7 +162,7 @@ class OfflineTrainer(SessionTrainer):
         if self.val_examples and (last or (every and step % every == 0)):
             metrics.update(self._validate())
         if save_due(step, self.total_steps, self.cfg.trainer.save_every):
-            metrics.update(self._save(step))
+            metrics.update(self.save_checkpoint(step))
             metrics["step_seconds"] += metrics["timing/save_checkpoint"]
         self.log.log(step, metrics)
         self.done_step, self.last_metrics = step, metrics
@@ -186,7 +185,8 @@ class OfflineTrainer(SessionTrainer):
             self._epoch_batches = (epoch, list(batches(order, self.batch_size, self.cfg.data.seed, epoch)))
         return self._epoch_batches[1]
 
-    def _save(self, step: int) -> dict[str, float]:
+    def save_checkpoint(self, step: int) -> dict[str, float]:
+        """Save the trained roles and the data position as checkpoints/step_<step>; its metrics."""
         from megarl.config import config_to_yaml
 
         with self.log.task(f"saving checkpoint step_{step}"):

@@ -125,8 +125,7 @@ class RLTrainer(SessionTrainer):
         if (nothing_left := self.session.nothing_left(self.done_step, self.cfg.trainer.save_hf)) is not None:
             self.log.warn(nothing_left)
         self._begin()
-        while self.done_step < self.total_steps:
-            self.step()
+        self._train_to_target()  # a stop signal ends it after a step, with a checkpoint (Preempted)
         if self.cfg.trainer.save_hf:
             with self.log.task(f"writing the actor as a Hugging Face model to {self.output_dir / 'hf'}"):
                 self.roles.actor.export_hf(str(self.output_dir / "hf"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Self, TextIO
 
+from megarl.checkpoint.paths import LATEST_FILE
 from megarl.checkpoint.run import (
     RL_JOB,
     TRAINED_ROLES,
@@ -32,6 +33,7 @@ from megarl.checkpoint.run import (
 )
 from megarl.config.schema import MegarlConfig
 from megarl.data.files import fingerprint_files
+from megarl.distributed.preemption import PREEMPTION, Preempted
 from megarl.observe.profiling import StepProfiler
 from megarl.observe.progress import ProgressLog
 from megarl.observe.report import try_write_report
@@ -182,6 +184,55 @@ class SessionTrainer:
 
     session: RunSession
     done_step: int  # the last step trained (the resumed checkpoint's at first)
+
+    def step(self) -> Any:
+        raise NotImplementedError
+
+    def save_checkpoint(self, step: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _train_to_target(self) -> None:
+        """Run `step()` until the target. A stop signal (SIGTERM/SIGUSR1, megarl.distributed.preemption)
+        lets the running step finish within trainer.preempt_grace_s, saves a checkpoint of it and raises
+        `Preempted` (exit 75: rerun to resume); a step still running then is abandoned."""
+        session = self.session
+        spmd = session.cfg.trainer.launcher == "torchrun"
+        with PREEMPTION.deferred(session.cfg.trainer.preempt_grace_s):
+            try:
+                while self.done_step < self.total_steps:
+                    self.step()
+                    if PREEMPTION.stop_requested(collective=spmd):
+                        break
+            except BaseException as e:
+                if not PREEMPTION.requested or isinstance(e, KeyboardInterrupt):
+                    raise
+                # the grace ran out, or (torchrun) a peer that gave up broke this rank's collective
+                raise Preempted(self._abandoned(), PREEMPTION.signal_name or "", abandoned=True) from None
+        if not PREEMPTION.requested:
+            return
+        step = self.done_step
+        if session.checkpoints.saved_step != step and step > session.start_step:
+            self.save_checkpoint(step)
+        where = session.checkpoints.root / f"step_{step}"
+        raise Preempted(
+            f"stopped by {PREEMPTION.signal_name} after step {step}: checkpoint {where} saved; rerun the "
+            "same command to resume from it (exit code 75)",
+            PREEMPTION.signal_name or "",
+        )
+
+    def _abandoned(self) -> str:
+        checkpoints = self.session.checkpoints.root
+        latest = checkpoints / LATEST_FILE
+        last = (
+            f"the last checkpoint, {checkpoints / latest.read_text().strip()}, stays; rerun the same "
+            "command to resume from it (exit code 75)"
+            if latest.is_file()
+            else "no checkpoint was saved yet: rerunning the same command starts afresh (exit code 75)"
+        )
+        return (
+            f"stopped by {PREEMPTION.signal_name}: step {self.done_step + 1} did not finish within "
+            f"trainer.preempt_grace_s={self.session.cfg.trainer.preempt_grace_s:g} and was abandoned; {last}"
+        )
 
     @property
     def total_steps(self) -> int:

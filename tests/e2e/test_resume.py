@@ -1,6 +1,8 @@
-"""Runs that survive: the torchrun launcher killed mid-update and rerun (it resumes and gives the
-uninterrupted run's step exactly), Ray runs killed mid-generate and mid-save and fed NaN losses, and the
-run's HF export checked against the trainer's own engine."""
+"""Runs that survive: the torchrun launcher SIGKILLed, a rank killed mid-update, then SIGTERMed mid-step
+(it resumes and gives the uninterrupted run's step exactly, and stops at a checkpoint); two Ray runs at
+once, each on its own loopback cluster, one SIGTERMed mid-step and resumed bit-exactly; Ray runs killed
+mid-generate and mid-save and fed NaN losses, and the run's HF export checked against the trainer's own
+engine."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
+import signal
 import time
 
 import psutil
@@ -18,6 +22,7 @@ import torch
 from megarl.controller.worker import WorkerError
 from megarl.trainer.bad_steps import BadStepsError
 from megarl.trainer.rl_trainer import RLTrainer
+from tests.helpers.launch import non_loopback_listeners
 from tests.helpers.rl_runs import (
     GRPO,
     SMALL_STEP,
@@ -26,6 +31,7 @@ from tests.helpers.rl_runs import (
     megarl_cli,
     megarl_train,
     run,
+    start_megarl_train,
     steps,
 )
 from tests.helpers.run_files import jsonl_history
@@ -75,10 +81,17 @@ def test_torchrun_launcher_gives_the_ray_runs_step_one(grpo_run, torchrun_run):
     assert spmd[0]["val/reward/mean"] == grpo_run.history[0]["val/reward/mean"]
 
 
-def test_torchrun_rank_killed_mid_update_then_rerun_resumes_and_matches(torchrun_run, rl_setup, tmp_path):
-    """Rank 1 is SIGKILLed in step 2's policy update: the job exits non-zero at once, naming the rank,
-    its host, the role and the call, with no process left; the same command then resumes from step 1
-    and its step 2 is the uninterrupted run's step 2, bit for bit."""
+def test_torchrun_supervisor_sigkilled_rank_killed_then_sigterm_mid_step_saves_it(
+    torchrun_run, rl_setup, tmp_path
+):
+    """One run directory, resumed from the reference's step_1, three commands:
+    1. `megarl train` (the torchrun supervisor) is SIGKILLed in step 2: torchrun and both ranks die with
+       it; step_1 stays latest.
+    2. rank 1 is SIGKILLed in step 2's policy update: the job exits non-zero at once, naming the rank,
+       its host, the role and the call, with no process left.
+    3. the same command, SIGTERMed in step 2: it resumes from step 1, finishes step 2 — the uninterrupted
+       run's step 2, bit for bit —, saves it (save_every=-1: the signal's save) and exits 75 with one
+       line; nothing is left running."""
     reference, _ = torchrun_run
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
@@ -91,10 +104,23 @@ def test_torchrun_rank_killed_mid_update_then_rerun_resumes_and_matches(torchrun
         out,
         *GRPO,
         "trainer.total_steps=2",
-        "trainer.save_every=1",
         "trainer.launcher=torchrun",
         f"trainer.worker_timeout_s={WORKER_TIMEOUT_S}",
+        "trainer.preempt_grace_s=240",
     )
+
+    supervisor = start_megarl_train(overrides, env=_env())
+    _wait_for_step(out, 2, supervisor)
+    ranks = processes_mentioning(str(out))
+    assert len(ranks) >= 3, ranks  # torchrun and two ranks
+    supervisor.kill()
+    supervisor.communicate(timeout=60)
+    gone_by = time.monotonic() + 15
+    while processes_mentioning(str(out)) and time.monotonic() < gone_by:
+        time.sleep(0.5)
+    assert processes_mentioning(str(out)) == []
+    assert (out / "checkpoints" / "latest").read_text() == "step_1\n"
+
     start = time.monotonic()
     killed = megarl_train(overrides, env=_env(MEGARL_FAULT="kill@actor.update#1/1"))
     seconds = time.monotonic() - start
@@ -111,13 +137,107 @@ def test_torchrun_rank_killed_mid_update_then_rerun_resumes_and_matches(torchrun
     assert processes_mentioning(str(out)) == []
     assert (out / "checkpoints" / "latest").read_text() == "step_1\n"
 
-    rerun = megarl_train(overrides, env=_env())
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    shutil.rmtree(out / "status")  # the killed run's: step 2 is awaited in the new run's files
+    rerun = start_megarl_train(overrides, env=_env())
+    _wait_for_step(out, 2, rerun)
+    rerun.send_signal(signal.SIGTERM)
+    stdout, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 75, stdout[-3000:] + stderr[-3000:]
+    assert stderr.splitlines()[-1] == (
+        f"megarl train: stopped by SIGTERM after step 2: checkpoint {out / 'checkpoints' / 'step_2'} saved; "
+        "rerun the same command to resume from it (exit code 75)"
+    ), stderr[-3000:]
+    assert "SignalException" not in stderr  # torchrun's own report stays off the console
     expected, actual = jsonl_history(reference), jsonl_history(out)
     assert sorted(actual) == [0, 1, 2]
     compared = assert_same_metrics(expected[2], actual[2])
     assert len(compared) > 20 and "actor/pg_loss" in compared
     assert (out / "checkpoints" / "latest").read_text() == "step_2\n"
+    assert processes_mentioning(str(out)) == []
+
+
+def _wait_for_step(out, step: int, proc, timeout_s: float = 400) -> None:
+    """Until `step` runs: a rank's status file says so (torchrun), or step - 1 is in metrics.jsonl (Ray)."""
+    spmd = "trainer.launcher=torchrun" in proc.args
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if spmd:
+            for path in (out / "status").glob("rank_*.json"):
+                try:
+                    if json.loads(path.read_text()).get("step") == step:
+                        return
+                except ValueError:
+                    pass
+        elif (out / "metrics.jsonl").exists() and step - 1 in jsonl_history(out):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} did not start within {timeout_s} s")
+
+
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return ""
+
+
+def _tree(pid: int) -> list[int]:
+    root = psutil.Process(pid)
+    return [pid, *(c.pid for c in root.children(recursive=True))]
+
+
+def test_two_ray_runs_at_once_each_on_its_own_loopback_cluster_one_sigtermed_then_resumed(rl_setup, tmp_path):
+    """Runs A and B (same config, other directories, no RAY_ADDRESS) at once: each starts a cluster of
+    its own (a GCS in each process tree), listening on loopback only. A is SIGTERMed in step 2: it
+    finishes the step, saves it (save_every=-1: the signal's save), stops every process of its own and
+    exits 75 with one line, while B — whose cluster A's end must not touch — trains to the end. The
+    same command then resumes A: every step of A equals B's, bit for bit."""
+    env = {k: v for k, v in _env().items() if k != "RAY_ADDRESS"}  # not the tests' session cluster
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    overrides = {d: rl_setup.grpo_overrides(d, *SMALL, "trainer.total_steps=4") for d in (a_dir, b_dir)}
+    a = start_megarl_train(overrides[a_dir], env=env)
+    b = start_megarl_train(overrides[b_dir], env=env)
+    try:
+        _wait_for_step(a_dir, 2, a)
+        a_tree, b_tree = _tree(a.pid), _tree(b.pid)
+        for tree in (a_tree, b_tree):
+            names = [_name(pid) for pid in tree]
+            assert "gcs_server" in names, names
+        assert not set(a_tree) & set(b_tree)
+        # Ray's own processes; megarl's rank processes are left out: rank 0 of each worker group hosts
+        # torch.distributed's TCPStore, which torch binds to every interface (no bind address to give)
+        ray_own = [pid for pid in a_tree + b_tree if not _name(pid).startswith("ray::_RankHost")]
+        assert non_loopback_listeners(ray_own) == []
+        a.send_signal(signal.SIGTERM)
+        a_out, a_err = a.communicate(timeout=300)
+        b_out, b_err = b.communicate(timeout=600)
+    finally:
+        for proc in (a, b):
+            proc.kill()
+    assert a.returncode == 75, a_out[-3000:] + a_err[-3000:]
+    m = re.fullmatch(
+        rf"megarl train: stopped by SIGTERM after step (\d): checkpoint {re.escape(str(a_dir))}/checkpoints/"
+        r"step_(\d) saved; rerun the same command to resume from it \(exit code 75\)",
+        a_err.splitlines()[-1],
+    )
+    assert m and m[1] == m[2] and int(m[1]) in (2, 3), a_err[-3000:]
+    stopped_at = int(m[1])
+    assert "SIGTERM received" not in a_err  # Ray's C++ crash dump
+    assert (a_dir / "checkpoints" / "latest").read_text() == f"step_{stopped_at}\n"
+    assert sorted(jsonl_history(a_dir)) == list(range(1, stopped_at + 1))
+    time.sleep(2)
+    assert [pid for pid in a_tree if _alive(pid)] == []
+    assert b.returncode == 0, b_out[-3000:] + b_err[-3000:]
+
+    rerun = megarl_train(overrides[a_dir], env=env)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert f"resumed from {a_dir / 'checkpoints' / f'step_{stopped_at}'}" in rerun.stdout
+    a_steps, b_steps = jsonl_history(a_dir), jsonl_history(b_dir)
+    assert sorted(a_steps) == sorted(b_steps) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        compared = assert_same_metrics(b_steps[step], a_steps[step])
+        assert "actor/pg_loss" in compared, step
 
 
 def _alive(pid: int) -> bool:

@@ -3,6 +3,7 @@ launch left no process of its own (torchrun ranks, Ray daemons) behind."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import sys
@@ -100,3 +101,23 @@ def assert_no_new_ray_processes(before: set[int], grace_s: float = 30) -> None:
         time.sleep(1)
     new = ray_processes() - before
     assert not new, [" ".join(psutil.Process(p).cmdline())[:160] for p in new if psutil.pid_exists(p)]
+
+
+def non_loopback_listeners(pids: list[int]) -> list[str]:
+    """ "pid name ip:port" of every TCP socket the processes `pids` listen on beyond loopback."""
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and not _is_loopback(conn.laddr.ip):
+                    found.append(f"{pid} {proc.name()} {conn.laddr.ip}:{conn.laddr.port}")
+        except psutil.Error:
+            continue
+    return found
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 (gRPC's dual-stack sockets)
+    return (mapped or address).is_loopback

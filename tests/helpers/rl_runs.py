@@ -60,6 +60,12 @@ def megarl_train(overrides: list[str], env: dict | None = None, timeout: float =
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def start_megarl_train(overrides: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`megarl train configs/quickstart_grpo.yaml OVERRIDES` started in a subprocess (text pipes)."""
+    cmd = [sys.executable, "-m", "megarl.cli", "train", str(GRPO_CONFIG), *overrides]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
 def assert_same_metrics(expected: dict, actual: dict, rel: float = 0.0, abs_: float = 0.0) -> list[str]:
     """Every metric of `expected` but NOT_COMPARED's equals `actual`'s (exactly by default); returns the
     keys compared."""

@@ -6,6 +6,7 @@
     cluster.wait(job, timeout=300)             # -> the job's final state, from the job-completion log
     cluster.stop()
 
+`cred_expire=10`: a requeued job waits this long before it runs again (SLURM's default is 120 s).
 No systemd here: the package scripts start nothing, so every daemon is started directly (setsid) and
 its PID recorded; a stopped daemon can linger as a zombie (`ps -o stat=` Z), which counts as gone.
 """
@@ -160,8 +161,13 @@ class SlurmCluster:
         path = self.root / "log" / f"job-{job}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def scancel(self, job: int) -> None:
-        subprocess.run(["scancel", str(job)], capture_output=True, env=self.env)
+    def scancel(self, job: int, *options: str) -> None:
+        """`scancel OPTIONS JOB`: cancel the job, or with --signal=SIG [--batch] signal it."""
+        subprocess.run(["scancel", *options, str(job)], capture_output=True, env=self.env)
+
+    def states(self, job: int) -> list[str]:
+        """Every recorded end of the job (a requeued job has one per run), oldest first."""
+        return [s.split()[0] for s in self._completion(job, "State")]
 
     # ---- teardown ------------------------------------------------------------------------------------
 
@@ -200,7 +206,7 @@ SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ports[0]}
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket={socket_path}
+AuthInfo=socket={socket_path},cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

@@ -1,6 +1,7 @@
 """The SLURM launch scripts on a real SLURM with two (simulated) nodes: each runs two steps of a tiny GRPO
 run to completion; a failing job (bad config, killed rank) ends FAILED with its cause in the log, soon;
-a cancelled one is torn down; nothing is left running."""
+SLURM's SIGUSR1 warning checkpoints and requeues a job that then resumes; a cancelled one is torn down;
+nothing is left running."""
 
 from __future__ import annotations
 
@@ -100,16 +101,45 @@ def test_a_ray_node_that_cannot_start_fails_the_job_at_once_naming_it(slurm, tin
     assert_no_new_ray_processes(before)
 
 
-def test_scancel_of_a_running_ray_job_leaves_no_process_behind(slurm, tiny_run, tmp_path):
+def test_sigusr1_checkpoints_and_requeues_a_ray_job_whose_rerun_resumes_then_scancel_ends_it(
+    slurm, tiny_run, tmp_path
+):
+    """ray.sbatch (#SBATCH --signal=B:USR1@120, --requeue) gets SLURM's time-limit warning — SIGUSR1 to
+    the batch shell, sent as SLURM sends it (`scancel --signal=USR1 --batch`) once training runs: the
+    trainer finishes its step, saves it and exits 75 with one line, the script tears Ray down and
+    requeues the job. Its rerun resumes from that checkpoint; `scancel` then ends it, CANCELLED, and
+    no process is left."""
     out = tmp_path / "run"
     overrides = run_overrides(tiny_run, out, "trainer.total_steps=50")
     before = ray_processes()
-    job = slurm.sbatch(SCRIPTS / "ray.sbatch", [str(CONFIG), *overrides], env=job_env(), nodes=2)
+    job = slurm.sbatch(
+        SCRIPTS / "ray.sbatch", [str(CONFIG), *overrides], env=job_env(), nodes=2, open_mode="append"
+    )
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not steps_written(out) and time.monotonic() < deadline:  # training has started
-        time.sleep(2)
+        time.sleep(1)
     assert steps_written(out), slurm.log(job)[-3000:]
+    slurm.scancel(job, "--signal=USR1", "--batch")
+    while "resumed from" not in slurm.log(job) and time.monotonic() < deadline:
+        time.sleep(1)
+    log = slurm.log(job)
+    m = re.search(
+        rf"megarl train: stopped by SIGUSR1 after step (\d+): checkpoint {re.escape(str(out))}/checkpoints/"
+        r"step_(\d+) saved; rerun the same command to resume from it \(exit code 75\)",
+        log,
+    )
+    assert m and m[1] == m[2], log[-4000:]
+    assert f"requeueing job {job}" in log and f"resumed from {out / 'checkpoints' / f'step_{m[1]}'}" in log, (
+        log[-4000:]
+    )
+    saved = int(m[1])
+    while max(steps_written(out), default=0) <= saved and time.monotonic() < deadline:  # the rerun trains
+        time.sleep(1)
+    assert steps_written(out) == list(range(1, max(steps_written(out)) + 1))  # each step once
     slurm.scancel(job)
-    assert slurm.wait(job, 120) == "CANCELLED"
+    deadline = time.monotonic() + 120
+    while "CANCELLED" not in slurm.states(job) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert slurm.states(job)[-1] == "CANCELLED", (slurm.states(job), slurm.log(job)[-3000:])
     assert_nothing_left(str(out), grace_s=30)
     assert_no_new_ray_processes(before)

@@ -14,6 +14,7 @@ from megarl.controller.worker import WorkerError
 from megarl.controller.worker_group import RayWorkerGroup
 from megarl.distributed.layout import ParallelLayout
 from megarl.protocol import Batch
+from tests.helpers.launch import RAY_PROCESS_NAMES, non_loopback_listeners
 from tests.ray.workers import FailsToStart, PolicyRole, ProbeWorker, RefRole
 
 pytestmark = pytest.mark.ray
@@ -172,3 +173,25 @@ def test_worker_failing_to_start_raises_worker_error(pool2):
     with pytest.raises(WorkerError, match=r"critic\.__init__ failed on rank \d of 2") as err:
         RayWorkerGroup(pool2, FailsToStart, "critic")
     assert "no checkpoint at /nonexistent" in str(err.value)
+
+
+def test_the_session_cluster_is_named_and_listens_on_loopback_only(pool2):
+    """megarl's own cluster (start_local_ray): every Ray process of it listens on 127.0.0.1 alone (no
+    dashboard, agent, metrics exporter or GCS port on another interface); RAY_ADDRESS names it for the
+    `megarl` commands the tests start."""
+    import os
+
+    from megarl.controller.resource_pool import cluster_address
+
+    assert os.environ["RAY_ADDRESS"] == cluster_address() and cluster_address().startswith("127.0.0.1:")
+    ray_pids = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            text = f"{child.name()} {' '.join(child.cmdline())}"
+        except psutil.Error:
+            continue
+        # megarl's rank processes are left out: their torch.distributed TCPStore binds every interface
+        if any(name in text for name in RAY_PROCESS_NAMES) and not text.startswith("ray::_RankHost"):
+            ray_pids.append(child.pid)
+    assert len(ray_pids) >= 3  # gcs_server, raylet, agents, workers
+    assert non_loopback_listeners(ray_pids) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megarl.cli.errors import report_error
-from megarl.errors import EXIT_FAILED, EXIT_USAGE, MegarlError
+from megarl.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USAGE, MegarlError
 
 pytestmark = pytest.mark.unit
 
@@ -39,6 +39,7 @@ ERRORS = [  # module, class, builtin base, exit code
     ("megarl.controller.worker", "WorkerError", RuntimeError, EXIT_FAILED),
     ("megarl.trainer.bad_steps", "BadStepsError", RuntimeError, EXIT_FAILED),
     ("megarl.trainer.scoring", "DynamicSamplingError", RuntimeError, EXIT_FAILED),
+    ("megarl.distributed.preemption", "Preempted", Exception, EXIT_PREEMPTED),
 ]
 
 

@@ -1,13 +1,13 @@
-"""Which Ray cluster `start_local_ray` joins: the one Ray's "auto" finds (RAY_ADDRESS, else the one last
-started here), probed first so that a cluster recorded by a head that was killed (a scheduler's
-teardown) cannot hang the join."""
+"""Which Ray cluster `start_local_ray` joins: only the one RAY_ADDRESS names (probed first, so that a
+cluster that is gone fails at once instead of hanging the join); without it, a private cluster — never
+one that merely runs on the machine (another run's: it would end this one when it ends)."""
 
-import logging
 import socket
 
 import pytest
 
-from megarl.controller.resource_pool import ResourcePoolError, _running_cluster_address
+from megarl.controller import resource_pool
+from megarl.controller.resource_pool import ResourcePoolError, named_cluster_address
 
 pytestmark = pytest.mark.unit
 
@@ -16,8 +16,6 @@ pytestmark = pytest.mark.unit
 def ray_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    # "auto" also joins the one raylet running on the machine (another test's cluster): none here
-    monkeypatch.setattr("ray._private.services.find_gcs_addresses", lambda: frozenset())
     (tmp_path / "ray").mkdir()
     return tmp_path / "ray"
 
@@ -36,41 +34,55 @@ def closed_port() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_nothing_recorded_means_start_a_local_cluster(ray_tmp):
-    assert _running_cluster_address() is None
+@pytest.fixture
+def ray_init_calls(monkeypatch):
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(resource_pool, "_bind_loopback", lambda: None)
+    return calls
 
 
-def test_the_recorded_cluster_is_joined_when_it_answers(ray_tmp, listening):
+def test_a_cluster_running_here_is_not_joined_unless_named(ray_tmp, listening, ray_init_calls):
+    """The cluster last started on this machine (Ray's record) answers, but nobody named it: a private
+    cluster starts, bound to loopback, without the dashboard and the metrics exporter."""
     (ray_tmp / "ray_current_cluster").write_text(listening)
-    assert _running_cluster_address() == listening
+    assert named_cluster_address() is None
+    resource_pool.start_local_ray(num_cpus=3)
+    (call,) = ray_init_calls
+    assert call["address"] == "local" and call["num_cpus"] == 3
+    assert call["_node_ip_address"] == "127.0.0.1" and call["include_dashboard"] is False
+    assert call["_system_config"] == {"enable_metrics_collection": False}
 
 
-def test_a_recorded_cluster_that_is_gone_is_ignored_with_a_warning(ray_tmp, caplog):
-    gone = closed_port()
-    (ray_tmp / "ray_current_cluster").write_text(gone)
-    with caplog.at_level(logging.WARNING):
-        assert _running_cluster_address(probe_timeout_s=1) is None
-    assert gone in caplog.text and "gone" in caplog.text
-
-
-def test_ray_address_wins_over_the_record(ray_tmp, listening, monkeypatch):
-    (ray_tmp / "ray_current_cluster").write_text(closed_port())
+def test_the_named_cluster_is_joined(ray_tmp, listening, monkeypatch, ray_init_calls):
     monkeypatch.setenv("RAY_ADDRESS", listening)
-    assert _running_cluster_address() == listening
+    assert named_cluster_address() == listening
+    resource_pool.start_local_ray()
+    assert [c["address"] for c in ray_init_calls] == ["auto"]  # Ray resolves it to RAY_ADDRESS
 
 
 def test_an_unreachable_ray_address_is_an_error_naming_it(ray_tmp, monkeypatch):
     gone = closed_port()
     monkeypatch.setenv("RAY_ADDRESS", gone)
     with pytest.raises(ResourcePoolError, match=f"RAY_ADDRESS={gone} does not answer.*unset RAY_ADDRESS"):
-        _running_cluster_address(probe_timeout_s=1)
+        named_cluster_address(probe_timeout_s=1)
+
+
+def test_ray_address_auto_with_no_cluster_here_says_what_to_do(ray_tmp, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.setattr("ray._private.services.find_gcs_addresses", lambda: frozenset())
+    with pytest.raises(ResourcePoolError, match="RAY_ADDRESS=auto: no Ray cluster runs on this machine"):
+        named_cluster_address()
 
 
 @pytest.mark.parametrize("address", ["10.0.0.1", "[::1]"])
 def test_a_ray_address_without_a_port_is_an_error_saying_so(ray_tmp, monkeypatch, address):
     monkeypatch.setenv("RAY_ADDRESS", address)
     with pytest.raises(ResourcePoolError, match="is not host:port"):
-        _running_cluster_address()
+        named_cluster_address()
 
 
 def test_an_ipv6_ray_address_that_answers_is_joined(ray_tmp, monkeypatch):
@@ -83,18 +95,27 @@ def test_an_ipv6_ray_address_that_answers_is_joined(ray_tmp, monkeypatch):
         server.listen()
         address = f"[::1]:{server.getsockname()[1]}"
         monkeypatch.setenv("RAY_ADDRESS", address)
-        assert _running_cluster_address() == address
+        assert named_cluster_address() == address
 
 
-def test_a_stale_record_does_not_stop_a_local_cluster_from_starting(ray_tmp, monkeypatch):
-    """The fallback asks for a new cluster: ray.init would otherwise try to join the record."""
+def test_ray_init_does_not_take_this_processs_sigterm_handler(ray_tmp, monkeypatch):
+    """ray.init installs its own SIGTERM handler (sys.exit); megarl's stop-signal handler stays."""
+    import signal
+
     import ray
 
-    from megarl.controller import resource_pool
+    def ray_init(**kwargs):
+        signal.signal(signal.SIGTERM, lambda *a: None)
 
-    (ray_tmp / "ray_current_cluster").write_text(closed_port())
-    calls = []
+    def mine(signum, frame):
+        pass
+
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
-    resource_pool.start_local_ray(num_cpus=3)
-    assert calls and calls[0]["address"] == "local" and calls[0]["num_cpus"] == 3
+    monkeypatch.setattr(ray, "init", ray_init)
+    monkeypatch.setattr(resource_pool, "_bind_loopback", lambda: None)
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        resource_pool.start_local_ray()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
