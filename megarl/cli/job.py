@@ -58,7 +58,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def run(config: str, overrides: list[str], job: str = "train") -> int:
     """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
-    from megarl.cli.torchrun import SUPERVISED, relaunch_with_torchrun, under_torchrun
+    from megarl.cli.torchrun import relaunch_with_torchrun, under_torchrun
     from megarl.config import load_config
     from megarl.config.validate_algorithm import RL_ALGORITHMS
     from megarl.controller import faults
@@ -100,6 +100,7 @@ def _say(line: str) -> None:
 
 def _run_job(job: str, cfg: MegarlConfig) -> int:
     """Run `job`'s trainer in this process (the Ray driver, or one torchrun rank); returns the exit code."""
+    from megarl.cli.torchrun import SUPERVISED
     from megarl.controller.rank_status import RANK_STATUS, STATUS_DIR
     from megarl.distributed.preemption import PREEMPTION, Preempted, die_with_parent
 

@@ -358,7 +358,7 @@ def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) ->
             "collective; use e.g. 1800 (30 min), more for long generations or checkpoint saves"
         )
     at_least(problems, "trainer.max_bad_steps", t.max_bad_steps, 1, "e.g. 3 (steps in a row with NaN/inf)")
-    if not 0 <= t.preempt_grace_s < float("inf"):  # NaN fails too
+    if t.preempt_grace_s < 0:  # NaN/inf: megarl.config.field_checks
         problems.append(
             f"trainer.preempt_grace_s={t.preempt_grace_s} must be a number of seconds ≥ 0: how long the "
             "running step may take after SIGTERM/SIGUSR1; use e.g. 60 (0 = abandon it at once)"

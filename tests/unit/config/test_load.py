@@ -260,7 +260,10 @@ INVALID = [
     (["trainer.worker_timeout_s=0"], ["trainer.worker_timeout_s=0.0 must be > 0", "e.g. 1800"]),
     (["trainer.max_bad_steps=0"], ["trainer.max_bad_steps=0 must be ≥ 1"]),
     (["trainer.preempt_grace_s=-1"], ["trainer.preempt_grace_s=-1.0 must be a number of seconds ≥ 0"]),
-    (["trainer.preempt_grace_s=nan"], ["trainer.preempt_grace_s=nan must be", "e.g. 60"]),
+    (
+        ["trainer.preempt_grace_s=nan"],
+        ["trainer.preempt_grace_s=nan is not a finite number", "e.g. trainer.preempt_grace_s=60"],
+    ),
     (["trainer.resume=/nonexistent/ckpt"], ["trainer.resume=/nonexistent/ckpt is neither auto, disable nor"]),
     (["trainer.eval_every=5", "data.val_files=[]"], ["trainer.eval_every=5 but data.val_files is empty"]),
     (["algorithm.name=dpo", "preference.beta=0"], ["preference.beta=0.0 must be > 0"]),
