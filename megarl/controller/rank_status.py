@@ -120,7 +120,8 @@ def torchrun_failures(output: str) -> tuple[dict[int, str], int | None]:
     return failures, root
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (it may belong to another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -157,7 +158,7 @@ def post_mortem(
             others.append((s, f"stopped for a stop signal: {s['error']}"))
         elif s["state"] == "failed":
             others.append((s, f"failed {where}: {s['error']}"))
-        elif _pid_alive(s["pid"]):
+        elif pid_alive(s["pid"]):
             others.append((s, f"is still running {where} (pid alive)"))
         elif s["rank"] == root and failure.startswith("SIG"):
             culprits.append((s, f"was killed by {failure} {where}"))

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from megarl.controller.rank_status import pid_alive
 from megarl.errors import EXIT_USAGE, MegarlError
 from megarl.output_guard import OutputWriteError
 
@@ -52,20 +53,12 @@ def _now() -> str:
 
 
 def _alive(pid: Any) -> bool:
-    """Whether process `pid` (as the lock file holds it) runs on this host."""
+    """Whether process `pid` (as the lock file holds it: maybe not a number) runs on this host."""
     try:
         pid = int(pid)
     except (TypeError, ValueError):
         return False
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid > 0 and pid_alive(pid)
 
 
 def _lock_path(output_dir: str | os.PathLike) -> Path:
