@@ -14,7 +14,7 @@ from megarl.algorithms.loss_traits import DUAL_CLIP_LOSSES, LOSS_PARAMS, SEQUENC
 from megarl.algorithms.pf_ppo import REWEIGHT_METHODS
 from megarl.algorithms.policy_loss import POLICY_LOSSES
 from megarl.algorithms.rollout_correction import IS_LEVELS, RS_LEVELS
-from megarl.config import schema
+from megarl.config import options
 from megarl.models import dtypes
 from megarl.models.optimizer import MEGATRON_OPTIMIZERS
 from megarl.workers import reward_hf
@@ -39,9 +39,9 @@ VOCABULARIES = {
 
 @pytest.mark.parametrize("literal", VOCABULARIES)
 def test_schema_literal_equals_the_implemented_names(literal):
-    choices = typing.get_args(getattr(schema, literal))
+    choices = typing.get_args(getattr(options, literal))
     implemented = list(VOCABULARIES[literal])
-    assert sorted(choices) == sorted(implemented), f"schema.{literal} and its implementation disagree"
+    assert sorted(choices) == sorted(implemented), f"options.{literal} and its implementation disagree"
 
 
 def test_every_estimator_has_traits_that_match_its_signature():
@@ -76,4 +76,4 @@ def test_every_listed_name_is_implemented():
 
 
 def test_reward_hf_kind_literal_is_the_schemas():
-    assert typing.get_args(reward_hf.RewardKind) == typing.get_args(schema.RewardKind)
+    assert typing.get_args(reward_hf.RewardKind) == typing.get_args(options.RewardKind)
