@@ -42,9 +42,8 @@ def load_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         held = sorted(os.listdir(path)) if path and os.path.isdir(path) else []
-        reason = " ".join(str(e).split())[:160]
         raise TokenizerError(
-            f"{key}={path} holds no tokenizer transformers can load ({type(e).__name__}: {reason}); it has: "
+            f"{key}={path} holds no tokenizer transformers can load ({type(e).__name__}); it has: "
             f"{', '.join(held) or 'nothing'}. Copy the tokenizer files (tokenizer.json, tokenizer_config.json) "
             "from the original checkpoint into it, or set model.tokenizer_path to a directory that has them"
         ) from None
