@@ -83,7 +83,11 @@ def read_rows(path: str, config_key: str) -> list[RawRow]:
         if isinstance(e, DataError):
             raise
         reason = " ".join(str(e).split())
-        raise DataError(f"{config_key}: {path} could not be read ({type(e).__name__}: {reason})") from None
+        kind = "parquet" if path.endswith(".parquet") else "UTF-8 JSON text"
+        raise DataError(
+            f"{config_key}: {path} could not be read ({type(e).__name__}: {reason}); it is not {kind}: "
+            "re-export the data set, or name the right file"
+        ) from None
 
 
 def _parquet_rows(path: str, name: str) -> list[RawRow]:

@@ -741,7 +741,7 @@ CASES: list[Case] = [
         "data",
         "a zip file named train.parquet",
         lambda ws: _data(ws, "train.parquet", b"PK\x03\x04" + bytes(200)),
-        ("<case>/train.parquet could not be read (ArrowInvalid", "not a parquet file"),
+        ("<case>/train.parquet could not be read (ArrowInvalid", "it is not parquet: re-export the data set"),
         2,
     ),
     Case(
@@ -749,7 +749,7 @@ CASES: list[Case] = [
         "data",
         "binary bytes named train.jsonl",
         lambda ws: _data(ws, "train.jsonl", bytes(range(256)) * 4),
-        ("<case>/train.jsonl could not be read (UnicodeDecodeError",),
+        ("<case>/train.jsonl could not be read (UnicodeDecodeError", "it is not UTF-8 JSON text"),
         2,
     ),
     Case(
