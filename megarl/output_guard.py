@@ -90,10 +90,20 @@ class OutputWriteError(MegarlError, OSError):
 
     @classmethod
     def of(
-        cls, error: OSError, path: str | os.PathLike, needed_bytes: int | None = None, free: int | None = None
+        cls,
+        error: OSError,
+        path: str | os.PathLike,
+        needed_bytes: int | None = None,
+        free: int | None = None,
+        key: str | None = None,
     ) -> OutputWriteError:
-        """`free`: the bytes left on the device (looked up when not given)."""
+        """`free`: the bytes left on the device (looked up when not given); `key`: the setting that names
+        `path` (e.g. "trainer.output_dir"), shown as key=path."""
         path = Path(path)
+        if key is not None:
+            named = cls.of(error, path, needed_bytes, free)
+            named.args = (f"{key}={named}",)
+            return named
         if error.errno == errno.ENOSPC:
             free = free if free is not None else free_bytes(path)
             need = f"about {human_bytes(needed_bytes)} needed, " if needed_bytes else ""
@@ -105,7 +115,22 @@ class OutputWriteError(MegarlError, OSError):
             refused = cls(f"{path} cannot be written ({error.strerror}); choose a location you can write to")
             refused.exit_code = EXIT_USAGE
             return refused
+        if error.errno in (errno.ENOTDIR, errno.EEXIST) and (in_the_way := _file_in_the_way(path)):
+            refused = cls(
+                f"{path} cannot be created: {in_the_way} is a file, not a directory; choose another location, "
+                "or move the file away"
+            )
+            refused.exit_code = EXIT_USAGE
+            return refused
         return cls(f"writing {path} failed ({type(error).__name__}: {error})")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """`path` itself or the parent of it that exists and is not a directory, if any."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:

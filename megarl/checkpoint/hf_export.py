@@ -150,7 +150,11 @@ def export_checkpoint_hf(
     if (ckpt_dir / mf.MANIFEST_FILE).is_file():  # a run's role checkpoint: check it is whole first
         problems = mf.check_files(ckpt_dir, mf.read_manifest(ckpt_dir))
         if problems:
-            raise CheckpointError(f"{ckpt_dir} is incomplete or damaged:\n  " + "\n  ".join(problems))
+            raise CheckpointError(
+                f"{ckpt_dir} is incomplete or damaged:\n  "
+                + "\n  ".join(problems)
+                + "\nexport an earlier checkpoint (--ckpt <run>/checkpoints/step_<N>); this one cannot be repaired"
+            )
     arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")
     if meta.get("architecture", {}).get("head") == "scalar":  # hf/ is the source LM's config
         arch = arch.with_scalar_head()

@@ -105,6 +105,16 @@ def _through_latest(checkpoints: Path, role: str) -> Path:
     return _role_in_step(step, role)
 
 
+def _nearest_existing(path: Path) -> str:
+    """ " (<parent> holds: a, b, c)" of the closest existing parent of a mistyped path, or ""."""
+    for parent in path.parents:
+        if parent.is_dir():
+            names = sorted(p.name for p in parent.iterdir())
+            more = f", ... ({len(names) - 8} more)" if len(names) > 8 else ""
+            return f" ({parent} holds: {', '.join(names[:8])}{more})" if names else f" ({parent} is empty)"
+    return ""
+
+
 def resolve_role_checkpoint(path: str | Path, role: str = "actor") -> Path:
     """The megarl checkpoint directory of `role` that `path` designates (see the module docstring).
 
@@ -118,7 +128,10 @@ def resolve_role_checkpoint(path: str | Path, role: str = "actor") -> Path:
                 f"{path} was never completed (only {partial} exists, interrupted); "
                 "use an earlier checkpoint or re-run the save"
             )
-        raise CheckpointNotFoundError(f"{path} does not exist")
+        raise CheckpointNotFoundError(
+            f"{path} does not exist{_nearest_existing(path)}; name a run directory (trainer.output_dir), its "
+            "checkpoints/ or checkpoints/step_<N>, or a checkpoint written by `megarl convert hf-to-mcore`"
+        )
     if path.name.endswith(PARTIAL_SUFFIX):
         raise CheckpointNotFoundError(
             f"{path} is an interrupted save and is never loaded; pick a complete checkpoint"

@@ -51,4 +51,6 @@ RolloutEngine = Literal["vllm"]
 RewardBackend = Literal["megatron", "hf"]
 RewardKind = Literal["classifier", "embedding_similarity"]
 Launcher = Literal["ray", "torchrun"]
+# the model_type values (a checkpoint's config.json) whose Megatron model megarl builds: megarl.models.from_hf.FAMILIES
+ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]

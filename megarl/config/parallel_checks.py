@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from dataclasses import dataclass
 
 from megarl.config.devices import show_devices
 from megarl.config.errors import at_least, divisors, join, need_divides
+from megarl.config.options import ModelType
 from megarl.config.schema import MegarlConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout, ParallelSizes
 
@@ -29,6 +31,7 @@ class ModelDims:
     # the longest sequence (prompt + response) it takes: max_position_embeddings (× a linear or dynamic
     # RoPE scaling factor); None when config.json does not say
     max_position_embeddings: int | None = None
+    model_type: str | None = None  # config.json's (llama, qwen2, ...); None when it does not say
 
 
 def read_model_dims(model_path: str) -> ModelDims:
@@ -44,6 +47,7 @@ def read_model_dims(model_path: str) -> ModelDims:
         vocab_size=int(hf["vocab_size"]),
         num_experts=int(experts),
         max_position_embeddings=_positions(hf),
+        model_type=hf.get("model_type"),
     )
 
 
@@ -88,13 +92,26 @@ def _read_dims(key: str, path: str | None, problems: list[str]) -> ModelDims | N
     if not path:
         problems.append(f"{key} is not set; set {key}=/path/to/hf_checkpoint (a directory with config.json)")
         return None
+    if os.path.isfile(path):
+        problems.append(
+            f"{key}={path} is a file; point it at the Hugging Face checkpoint directory that holds "
+            f"config.json + weights (e.g. {key}={os.path.dirname(path)})"
+        )
+        return None
     if not os.path.isdir(path):
         problems.append(
             f"{key}={path} does not exist; point it at a Hugging Face checkpoint directory (config.json + weights)"
         )
         return None
     try:
-        return read_model_dims(path)
+        dims = read_model_dims(path)
+        if (model_type := dims.model_type) is not None and model_type not in typing.get_args(ModelType):
+            problems.append(
+                f"{key}={path} is a {model_type!r} model (model_type in its config.json), which megarl does not "
+                f"build; use a checkpoint of one of {', '.join(typing.get_args(ModelType))}"
+            )
+            return None
+        return dims
     except FileNotFoundError:
         problems.append(f"{key}={path} has no config.json; point it at a Hugging Face checkpoint directory")
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -13,11 +13,40 @@ Rendered text is tokenised without adding special tokens: the template already w
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from megarl.config.schema import ModelConfig
+from megarl.errors import EXIT_USAGE, MegarlError
+
 Messages = list[dict[str, Any]]
+
+
+class TokenizerError(MegarlError, ValueError):
+    """The policy's tokenizer cannot be loaded; the message names the key, the directory and the fix."""
+
+    exit_code = EXIT_USAGE
+
+
+def load_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer, from model.tokenizer_path or else model.path. A directory without one that
+    transformers can load raises TokenizerError (not transformers' ValueError/OSError and traceback)."""
+    from transformers import AutoTokenizer
+
+    key, path = (
+        ("model.tokenizer_path", model.tokenizer_path) if model.tokenizer_path else ("model.path", model.path)
+    )
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        held = sorted(os.listdir(path)) if path and os.path.isdir(path) else []
+        raise TokenizerError(
+            f"{key}={path} holds no tokenizer transformers can load ({type(e).__name__}); it has: "
+            f"{', '.join(held) or 'nothing'}. Copy the tokenizer files (tokenizer.json, tokenizer_config.json) "
+            "from the original checkpoint into it, or set model.tokenizer_path to a directory that has them"
+        ) from None
 
 
 def prompt_problem(prompt: Any) -> str | None:

@@ -83,7 +83,11 @@ def read_rows(path: str, config_key: str) -> list[RawRow]:
         if isinstance(e, DataError):
             raise
         reason = " ".join(str(e).split())
-        raise DataError(f"{config_key}: {path} could not be read ({type(e).__name__}: {reason})") from None
+        kind = "parquet" if path.endswith(".parquet") else "UTF-8 JSON text"
+        raise DataError(
+            f"{config_key}: {path} could not be read ({type(e).__name__}: {reason}); it is not {kind}: "
+            "re-export the data set, or name the right file"
+        ) from None
 
 
 def _parquet_rows(path: str, name: str) -> list[RawRow]:
@@ -97,6 +101,12 @@ def _json_rows(path: str, name: str) -> list[RawRow]:
         text = f.read()
     if path.endswith(".json") and text.lstrip().startswith("["):
         return [_object(f"{name} row {i}", row) for i, row in enumerate(json.loads(text))]
+    if path.endswith(".json") and _column_oriented(text):
+        raise DataError(
+            f"{path} holds one JSON object of columns ({{column: {{row index: value}}}}, what pandas' "
+            "DataFrame.to_json() writes by default), not rows; write the rows instead: "
+            "df.to_json('train.jsonl', orient='records', lines=True), or df.to_parquet('train.parquet')"
+        )
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -106,6 +116,19 @@ def _json_rows(path: str, name: str) -> list[RawRow]:
         except json.JSONDecodeError as e:
             rows.append(RawRow(f"{name} line {number}", f"not valid JSON ({e.msg})"))
     return rows
+
+
+def _column_oriented(text: str) -> bool:
+    """A whole-file JSON object whose values are all {row index: value} mappings."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(col, dict) and col and all(k.isdigit() for k in col) for col in value.values())
+    )
 
 
 def _object(where: str, value: Any) -> RawRow:

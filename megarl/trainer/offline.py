@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from megarl.checkpoint.run import ResumeError, save_due
 from megarl.config.schema import MegarlConfig
+from megarl.data.chat import load_tokenizer
 from megarl.data.files import DataError
 from megarl.data.sft import batches
 from megarl.observe.run_files import SUMMARY
@@ -53,10 +54,8 @@ class OfflineTrainer(SessionTrainer):
 
     def __init__(self, cfg: MegarlConfig, stream: TextIO | None = None) -> None:
         """`cfg` is already this job's (resolved); loads the data, then starts the workers."""
-        from transformers import AutoTokenizer
-
         self.cfg = cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg.model)
         self.pad = self.tokenizer.pad_token_id
         self.examples = self.load(cfg.data.train_files, "data.train_files")
         self.val_examples = self.load_val(cfg.data.val_files, "data.val_files") if cfg.data.val_files else []

@@ -55,15 +55,14 @@ class RLTrainer(SessionTrainer):
     ) -> None:
         """Load the data and the rewards, check trainer.resume's checkpoint, then start the workers (or
         use `roles`, already started) and restore the checkpoint; anything failing here closes them."""
-        from transformers import AutoTokenizer
-
+        from megarl.data.chat import load_tokenizer
         from megarl.data.datasets import PromptDataset
         from megarl.data.loader import PromptLoader
         from megarl.rewards import RewardComputer
 
         self.cfg = cfg = resolve_for_run(cfg)  # a config edited in Python is checked again here
         # Everything that can be wrong with the data or the rewards fails here, before any worker starts.
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg.model)
         self.reward = reward or RewardComputer.from_config(cfg, self.tokenizer)
         # the rule rewards compare with each row's ground truth: rows without one are reported and skipped
         truth = self.reward.needs_ground_truth

@@ -105,7 +105,7 @@ class RunLock:
                 out.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise OutputWriteError.of(e, out) from None
+                raise OutputWriteError.of(e, out, key="trainer.output_dir") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

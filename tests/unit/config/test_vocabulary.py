@@ -16,6 +16,7 @@ from megarl.algorithms.policy_loss import POLICY_LOSSES
 from megarl.algorithms.rollout_correction import IS_LEVELS, RS_LEVELS
 from megarl.config import options
 from megarl.models import dtypes
+from megarl.models.from_hf import FAMILIES
 from megarl.models.optimizer import MEGATRON_OPTIMIZERS
 from megarl.workers import reward_hf
 
@@ -34,6 +35,7 @@ VOCABULARIES = {
     "Dtype": dtypes.DTYPE_NAMES,
     "RewardKind": reward_hf.KINDS,
     "OptimizerName": MEGATRON_OPTIMIZERS,
+    "ModelType": FAMILIES,
 }
 
 

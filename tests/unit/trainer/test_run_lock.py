@@ -200,7 +200,10 @@ def test_an_output_directory_that_cannot_be_created_is_named(tmp_path):
     from megarl.output_guard import OutputWriteError
 
     (tmp_path / "file").write_text("x")
-    with pytest.raises(
-        OutputWriteError, match=rf"writing {tmp_path / 'file' / 'run'} failed \(NotADirectoryError"
-    ):
+    with pytest.raises(OutputWriteError) as error:
         RunLock.acquire(tmp_path / "file" / "run")
+    assert str(error.value) == (
+        f"trainer.output_dir={tmp_path / 'file' / 'run'} cannot be created: {tmp_path / 'file'} is a file, "
+        "not a directory; choose another location, or move the file away"
+    )
+    assert error.value.exit_code == 2
