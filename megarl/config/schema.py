@@ -242,7 +242,7 @@ class DataConfig:
     # reads the same (a column whose own name has the dot is read first). SFT only, as in verl
     prompt_dict_keys: list[str] = field(default_factory=list)
     response_dict_keys: list[str] = field(default_factory=list)
-    multiturn: SFTMultiturnConfig = field(default_factory=lambda: SFTMultiturnConfig())
+    multiturn: SFTMultiturnConfig = field(default_factory=SFTMultiturnConfig)
     chosen_key: str = "chosen"  # DPO/IPO/ORPO/SimPO: preferred response column (string or assistant turn)
     rejected_key: str = "rejected"  # DPO/IPO/ORPO/SimPO: dispreferred response column (same forms as chosen)
     completion_key: str = "completion"  # KTO: labelled response column (string or assistant turn)
