@@ -40,8 +40,9 @@ class SFTExample:
     response_ids: list[int]
 
 
-class _Unusable(Exception):
-    """Why a row gives no SFT example (its message names the column and what the row holds)."""
+class _Unusable(DataError):
+    """Why one row gives no SFT example (its message names the column and what the row holds); caught
+    per row and reported with the file and row."""
 
 
 def _columns(row: dict) -> str:
