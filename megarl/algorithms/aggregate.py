@@ -5,7 +5,8 @@ Token tensors are [batch, response_len] with a `mask` of the same shape (1 = rea
 
 Splitting a mini-batch: a worker computes the loss of one mini-batch as a sum over micro-batches (and
 data-parallel ranks) of `aggregate(...)` on each part. Pass the counts of the WHOLE mini-batch —
-`num_tokens` (masked tokens) and `num_seqs` (sequences), summed over every micro-batch and rank — and the
+`num_tokens` (masked tokens) and `num_seqs` (sequences with a masked token), summed over every
+micro-batch and rank — and the
 parts add up to exactly the whole-batch loss, however the batch was split. With the default local
 counts each part is normalised by itself, and the sum depends on the split.
 """
@@ -36,15 +37,17 @@ def aggregate(
     - "seq-mean-token-sum-norm" (Dr.GRPO): Σ_seq Σ_t v·m / (num_seqs · horizon), horizon a constant
       (the maximum response length; default values.shape[-1])
 
-    `num_tokens` / `num_seqs` default to this batch's own counts (mask.sum(), number of rows); pass the
-    global counts of the mini-batch when it is split over micro-batches or ranks (see the module doc).
-    A zero count gives 0, not nan.
+    num_seqs counts the sequences with at least one masked token, as verl's agg_loss does: a row emptied
+    by rollout rejection or veto leaves the mean of the others unchanged (values [[1,1],[0,0]], mask
+    [[1,1],[0,0]], seq-mean-token-mean: 1.0, not 0.5). `num_tokens` / `num_seqs` default to this batch's
+    own counts; pass the global counts of the mini-batch when it is split over micro-batches or ranks
+    (see the module doc). A zero count gives 0, not nan.
     """
     masked = _masked(values, mask)
     if mode == "token-mean":
         count = mask.sum() if num_tokens is None else num_tokens
         return _divide(masked.sum(), count)
-    seqs = values.shape[0] if num_seqs is None else num_seqs
+    seqs = sequences_with_tokens(mask) if num_seqs is None else num_seqs
     if mode == "seq-mean-token-sum":
         return _divide(masked.sum(), seqs)
     if mode == "seq-mean-token-mean":
@@ -54,6 +57,11 @@ def aggregate(
         steps = values.shape[-1] if horizon is None else horizon
         return _divide(masked.sum(), _as_tensor(seqs, masked) * steps)
     raise ValueError(f"unknown loss aggregation mode {mode!r}; use one of {', '.join(LOSS_AGG_MODES)}")
+
+
+def sequences_with_tokens(mask: torch.Tensor) -> torch.Tensor:
+    """How many rows of `mask` [batch, len] have at least one masked token: the seq-mean modes' count."""
+    return (mask > 0).any(dim=-1).sum()
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -223,7 +223,8 @@ def gmpo_loss(
 
     where ℓ_t = logp − old clipped in LOG space on one side: at most clip_high where A_t > 0, at least
     −clip_low where A_t < 0, and 0 where A_t = 0. The loss is the mean of loss_i over the sequences
-    (Σ_i loss_i / num_seqs; `agg_mode` is ignored, as in verl). With `rollout_is_weights`, loss_i is
+    (Σ_i loss_i / num_seqs, num_seqs counting the sequences with tokens as the seq-mean modes do; verl
+    takes torch.mean over every row; `agg_mode` is ignored, as in verl). With `rollout_is_weights`, loss_i is
     multiplied by the geometric mean of its tokens' weights (weights floored at 1e-10).
     verl: `compute_policy_loss_geo_mean`, loss_mode "geo_mean"; the bounds are the actor's clip_ratio_low /
     clip_ratio_high read as log-ratios (the paper uses 0.4 for both, i.e. ratios in (e^−0.4, e^0.4)).

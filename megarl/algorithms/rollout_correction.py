@@ -18,7 +18,15 @@ import torch
 from megarl.algorithms.aggregate import masked_mean
 
 IS_LEVELS = ("token", "sequence")
-RS_LEVELS = ("token", "sequence", "geometric")
+# verl 0.9's k1 names bound the ratio π_rollout/π_train (k1 = rollout − old = −ρ) where the older names
+# bound π_train/π_rollout: the same test with the bounds inverted, identical for the default 1/upper
+K1_LEVELS = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+# verl 0.9's divergence rejection: drop where a token's k2 = ρ²/2 or k3 = exp(ρ) − 1 − ρ (ρ clamped to
+# ±20), or its sequence's sum / mean / max of it, exceeds rs_threshold
+DIVERGENCE_LEVELS = tuple(
+    f"{where}_{k}" for where in ("token", "seq_sum", "seq_mean", "seq_max") for k in ("k2", "k3")
+)
+RS_LEVELS = ("token", "sequence", "geometric", *K1_LEVELS, *DIVERGENCE_LEVELS)
 
 _SAFETY_BOUND = 20.0
 
@@ -49,14 +57,20 @@ def compute_rollout_correction(
     sequence ("sequence": its ratio exp(Σ_t ρ_t); "geometric": exp(mean_t ρ_t)) is dropped from the mask
     when its ratio lies outside [lower, upper], upper = `rs_threshold` (`rollout_rs_threshold`, required
     with rs_level), lower = `rs_threshold_lower` (`rollout_rs_threshold_lower`, default 1/upper). The test
-    is made on log-ratios, so it is exact beyond the ±20 clamp.
+    is made on log-ratios, so it is exact beyond the ±20 clamp. verl 0.9's names are accepted too:
+    "token_k1" / "seq_sum_k1" / "seq_mean_k1" are these three with [lower, upper] bounding the inverse
+    ratio π_rollout/π_train, as verl reads them; "{token,seq_sum,seq_mean,seq_max}_{k2,k3}" drop where
+    the k2 / k3 divergence (per token, or its sum / mean / max over the sequence) exceeds rs_threshold
+    (no lower bound). verl's comma-separated chains of several criteria are not supported.
 
     Veto (`veto_threshold`, verl `rollout_token_veto_threshold`, default None = off): a sequence with any
     token of exp(ρ_t) < veto_threshold is dropped whole.
 
     Metrics (detached scalars, verl's names under "rollout_corr/"; fractions and means "over sequences"
     count only the sequences with at least one token, where verl counts every row):
-    - with is_level: rollout_is_mean (masked mean of the weights before batch normalisation),
+    - with is_level: rollout_is_mean (masked mean of the truncated weights before batch normalisation:
+      verl 0.9's rollout_is_mean), rollout_is_raw_mean (the same mean before truncation: what verl 0.8
+      logged as rollout_is_mean; log-ratios [ln 3, 0], C=2: 2.0 where rollout_is_mean is 1.5),
       rollout_is_max (largest weight BEFORE truncation), rollout_is_ratio_fraction_high / _low (fraction
       of tokens, or of sequences at sequence level, whose untruncated ratio is > C / < 1/C: high = the
       truncated ones), and rollout_is_batch_norm_factor when normalising;
@@ -130,6 +144,7 @@ def _is_weights(
     units = real if level == "token" else real.any(dim=-1)
     unit_log_ratio = level_log_ratio if level == "token" else level_log_ratio[:, 0]
     metrics["rollout_is_mean"] = masked_mean(weights, mask)
+    metrics["rollout_is_raw_mean"] = masked_mean(raw, mask)
     metrics["rollout_is_max"] = raw.max() if raw.numel() else raw.new_zeros(())
     metrics["rollout_is_ratio_fraction_high"] = _fraction(unit_log_ratio > math.log(threshold), units)
     metrics["rollout_is_ratio_fraction_low"] = _fraction(unit_log_ratio < -math.log(threshold), units)
@@ -153,12 +168,34 @@ def _rejected(
     if level not in RS_LEVELS:
         raise ValueError(f"unknown rollout rejection level {level!r}; use one of {', '.join(RS_LEVELS)}")
     if upper is None:
-        raise ValueError(f"rollout rejection at level {level!r} needs rs_threshold (the upper ratio bound)")
+        raise ValueError(f"rollout rejection at level {level!r} needs rs_threshold (the upper bound)")
+    if level in DIVERGENCE_LEVELS:
+        if upper <= 0:
+            raise ValueError(f"rollout rejection at level {level!r} needs rs_threshold > 0, got {upper}")
+        return _divergence(log_ratio, mask, level) > upper
     lower = 1.0 / upper if lower is None else lower
     if not 0 < lower <= upper:
         raise ValueError(f"rollout rejection bounds need 0 < lower={lower} <= upper={upper}")
+    if level in K1_LEVELS:
+        level, lower, upper = K1_LEVELS[level], 1.0 / upper, 1.0 / lower
     level_log_ratio = _level_log_ratio(log_ratio, mask, level)
     return (level_log_ratio < math.log(lower)) | (level_log_ratio > math.log(upper))
+
+
+def _divergence(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Per token, the k2 / k3 divergence of `level` (the token's, or its sequence's sum / mean / max)."""
+    where, k = level.rsplit("_", 1)
+    rho = log_ratio.clamp(-_SAFETY_BOUND, _SAFETY_BOUND)
+    token = 0.5 * rho * rho if k == "k2" else torch.exp(rho) - 1 - rho
+    if where == "token":
+        return token
+    if where == "seq_sum":
+        per_seq = _row_sum(token, mask)
+    elif where == "seq_mean":
+        per_seq = masked_mean(token, mask, dim=-1)
+    else:
+        per_seq = torch.where(mask > 0, token, 0.0).amax(dim=-1)  # divergences are ≥ 0
+    return per_seq[:, None].expand_as(log_ratio)
 
 
 def _mismatch_metrics(

@@ -45,7 +45,23 @@ OldLogProb = Literal["recompute", "fused"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PolicyLoss = Literal["vanilla", "gspo", "cispo", "sapo", "gpg", "reinforce", "geo_mean", "clip_cov", "kl_cov"]
 IsLevel = Literal["token", "sequence"]
-RsLevel = Literal["token", "sequence", "geometric"]
+# the first three megarl's (and verl 0.6's) names; the rest verl 0.9's divergence names (rollout_correction.py)
+RsLevel = Literal[
+    "token",
+    "sequence",
+    "geometric",
+    "token_k1",
+    "seq_sum_k1",
+    "seq_mean_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+]
 PfPpoReweight = Literal["pow", "max_min", "max_random"]
 RolloutEngine = Literal["vllm"]
 RewardBackend = Literal["megatron", "hf"]

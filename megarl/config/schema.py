@@ -203,6 +203,19 @@ class RewardModelConfig(RoleConfig):
 
 
 @dataclass
+class SFTMultiturnConfig:
+    """verl's data.multiturn: SFT on chat conversations (megarl.data.sft)."""
+
+    # true: each row's messages_key column is a conversation and every assistant turn (after at least one
+    # other turn) is trained on, the turns before it as its prompt — one example per assistant turn, where
+    # verl packs the conversation into one sequence (the same tokens are trained on; megarl renders each
+    # context with the generation prompt, as RL prompts are). false: rows hold prompt/response columns, or
+    # else a messages list whose last turn, an assistant's, is the response
+    enable: bool = False
+    messages_key: str = "messages"  # column holding the conversation ([{role, content}, ...])
+
+
+@dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet/jsonl files of training prompts
     val_files: list[str] = field(default_factory=list)  # parquet/jsonl files for evaluation; [] = none
@@ -223,6 +236,13 @@ class DataConfig:
     train_batch_size: int = 64  # prompts per training step (each sampled rollout.n times)
     val_batch_size: int | None = None  # prompts per validation generate call; None = all of data.val_files
     response_key: str = "response"  # SFT: column holding the response (rows may instead hold `messages`)
+    # SFT, verl's single-turn keys: the prompt (response) is column prompt_key (response_key) indexed by
+    # each of these keys in turn. verl's GSM8K SFT recipe: prompt_key=extra_info, prompt_dict_keys=[question],
+    # response_key=extra_info, response_dict_keys=[answer]. The dotted form prompt_key=extra_info.question
+    # reads the same (a column whose own name has the dot is read first). SFT only, as in verl
+    prompt_dict_keys: list[str] = field(default_factory=list)
+    response_dict_keys: list[str] = field(default_factory=list)
+    multiturn: SFTMultiturnConfig = field(default_factory=SFTMultiturnConfig)
     chosen_key: str = "chosen"  # DPO/IPO/ORPO/SimPO: preferred response column (string or assistant turn)
     rejected_key: str = "rejected"  # DPO/IPO/ORPO/SimPO: dispreferred response column (same forms as chosen)
     completion_key: str = "completion"  # KTO: labelled response column (string or assistant turn)

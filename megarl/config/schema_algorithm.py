@@ -52,7 +52,9 @@ class RolloutCorrectionConfig:
     rollout_token_veto_threshold: float | None = None
     # bypass mode: the engine's log-probs ARE the old log-probs (the old_log_prob forward pass is skipped,
     # so train_rollout_logprob_abs_diff and actor/entropy are not logged); the PPO ratio is then
-    # π_θ / π_rollout, which clipping bounds. Excludes rollout_is / rollout_rs (ρ would be 0).
+    # π_θ / π_rollout, which clipping bounds (not 1 even at a step's first optimizer step: the trainer's
+    # and the engine's precision differ). Excludes rollout_is / rollout_rs (ρ = old − rollout would be 0;
+    # verl's bypass mode computes them from π_θ / π_rollout in the loss, which megarl does not offer)
     bypass_mode: bool = False
 
 

@@ -195,7 +195,18 @@ def _check_rollout_correction(rc: Any, problems: list[str]) -> None:
             f"{key}.rollout_is_threshold={rc.rollout_is_threshold} must be > 1 (IS weights are truncated "
             "at it); e.g. 2.0"
         )
-    if rc.rollout_rs is not None:
+    if rc.rollout_rs is not None and rc.rollout_rs.endswith(("_k2", "_k3")):  # verl 0.9: divergence bound
+        upper = rc.rollout_rs_threshold
+        if upper is None or upper <= 0:
+            problems.append(
+                f"{key}.rollout_rs={rc.rollout_rs} drops what exceeds {key}.rollout_rs_threshold (a divergence "
+                f"bound), which is {upper}; set it > 0, e.g. {key}.rollout_rs_threshold=0.01"
+            )
+        if rc.rollout_rs_threshold_lower is not None:
+            problems.append(
+                f"{key}.rollout_rs={rc.rollout_rs} has no lower bound; unset {key}.rollout_rs_threshold_lower"
+            )
+    elif rc.rollout_rs is not None:
         upper, lower = rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower
         if upper is None or upper <= 1:
             problems.append(
@@ -212,8 +223,11 @@ def _check_rollout_correction(rc: Any, problems: list[str]) -> None:
         problems.append(f"{key}.rollout_token_veto_threshold={veto} must be in (0, 1); e.g. 1e-4, or null")
     if rc.bypass_mode and (rc.rollout_is is not None or rc.rollout_rs is not None):
         problems.append(
-            f"{key}.bypass_mode=true uses the engine's log-probs as the old ones, so the IS ratio would be 1; "
-            f"unset {key}.rollout_is and {key}.rollout_rs, or set bypass_mode=false"
+            f"{key}.bypass_mode=true uses the engine's log-probs as the old ones, and megarl's rollout_is / "
+            "rollout_rs weight and reject by old/rollout, which is then exactly 1 (verl computes them from "
+            "π_θ/π_rollout inside the loss instead, which megarl does not offer); the mismatch still reaches "
+            f"the PPO ratio π_θ/π_rollout, which clipping bounds. Unset {key}.rollout_is and "
+            f"{key}.rollout_rs, or set bypass_mode=false to weight by old/rollout"
         )
 
 

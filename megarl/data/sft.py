@@ -1,7 +1,11 @@
 """Supervised fine-tuning data: (prompt, response) pairs as rollout-schema batches with a response mask.
 
-Rows (parquet or jsonl) hold either `prompt` + `response` (data.prompt_key / data.response_key; the
+Rows (parquet or jsonl) hold either a prompt and a response (data.prompt_key / data.response_key; the
 prompt a string or a chat list) or `messages`, a chat list whose last turn is the assistant's response.
+verl's SFT keys read nested columns: data.prompt_key=extra_info with data.prompt_dict_keys=[question]
+(or data.prompt_key=extra_info.question) reads row["extra_info"]["question"], as verl's GSM8K SFT
+recipe does. With data.multiturn.enable, the data.multiturn.messages_key column is a conversation and
+every assistant turn in it is one example, the turns before it its prompt.
 Prompts are rendered exactly as RL prompts are (megarl.data.chat: the chat template with the
 generation prompt, per data.apply_chat_template), so the SFT model answers in the format RL samples; the
 response ends with EOS. The loss covers response tokens only (`response_mask`).
@@ -15,12 +19,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from megarl.config.schema import DataConfig
-from megarl.data.chat import Messages, as_messages, prompt_text
+from megarl.data.chat import Messages, as_messages, prompt_problem, prompt_text
 from megarl.data.files import DataError, per_file, read_rows
 from megarl.data.lengths import capped_token_ids
 from megarl.protocol import Batch
@@ -36,22 +40,85 @@ class SFTExample:
     response_ids: list[int]
 
 
-def _split(row: dict, data: DataConfig) -> tuple[object, str] | str:
-    """(prompt, response) of a row, or the reason it is unusable."""
-    if data.prompt_key in row and data.response_key in row:
-        prompt, response = row[data.prompt_key], row[data.response_key]
-    elif isinstance(row.get("messages"), list) and row["messages"]:
+class _Unusable(DataError):
+    """Why one row gives no SFT example (its message names the column and what the row holds); caught
+    per row and reported with the file and row."""
+
+
+def _columns(row: dict) -> str:
+    return ", ".join(map(str, row)) or "none"
+
+
+def _lookup(row: dict, key: str, dict_keys: Sequence[str], setting: str) -> Any:
+    """row[key][k1][k2]… for dict_keys [k1, k2, …] (verl's data.prompt_dict_keys); a dotted key
+    (extra_info.answer) is read the same way unless a column has that very name."""
+    if key in row:
+        path, value = [key], row[key]
+    else:
+        head, *rest = key.split(".")
+        if head not in row:
+            raise _Unusable(f"no column {head!r} ({setting}={key}); the columns present: {_columns(row)}")
+        path, value, dict_keys = [head], row[head], [*rest, *dict_keys]
+    for k in dict_keys:
+        if not isinstance(value, dict):
+            raise _Unusable(
+                f"column {'.'.join(path)} is a {type(value).__name__}, not a struct with key {k!r} "
+                f"({setting}={key}); the columns present: {_columns(row)}"
+            )
+        if k not in value:
+            raise _Unusable(
+                f"column {'.'.join(path)} has no key {k!r} ({setting}={key}); its keys: {_columns(value)}"
+            )
+        path, value = [*path, k], value[k]
+    return value
+
+
+def _pair(prompt: Any, response: Any) -> tuple[object, str]:
+    if not isinstance(response, str) or not response:
+        raise _Unusable(f"the response is not a non-empty string (got {type(response).__name__})")
+    if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, list):
+        raise _Unusable(f"the prompt is not a string or chat list (got {type(prompt).__name__})")
+    return prompt, response
+
+
+def _conversation(row: dict, data: DataConfig) -> list[tuple[object, str]]:
+    """data.multiturn.enable: one (turns before it, its content) pair per assistant turn after the first
+    turn of the messages_key conversation."""
+    key = data.multiturn.messages_key
+    if key not in row:
+        raise _Unusable(
+            f"no column {key!r} (data.multiturn.messages_key={key}); the columns present: {_columns(row)}"
+        )
+    messages = row[key]
+    if not isinstance(messages, list) or not messages:
+        raise _Unusable(f"column {key!r} is not a non-empty chat list (got {type(messages).__name__})")
+    if problem := prompt_problem(messages):
+        raise _Unusable(f"column {key!r}: {problem}")
+    pairs = [
+        _pair(messages[:i], m["content"]) for i, m in enumerate(messages) if i and m["role"] == "assistant"
+    ]
+    if not pairs:
+        raise _Unusable(f"column {key!r} has no assistant turn after another turn to train on")
+    return pairs
+
+
+def _split(row: dict, data: DataConfig) -> list[tuple[object, str]]:
+    """The (prompt, response) pairs of a row; raises _Unusable with the reason it has none."""
+    if data.multiturn.enable:
+        return _conversation(row, data)
+    try:
+        prompt = _lookup(row, data.prompt_key, data.prompt_dict_keys, "data.prompt_key")
+        response = _lookup(row, data.response_key, data.response_dict_keys, "data.response_key")
+    except _Unusable:
+        if not isinstance(row.get("messages"), list) or not row["messages"]:
+            raise
         *context, last = row["messages"]
         if not isinstance(last, dict) or last.get("role") != "assistant" or not context:
-            return "`messages` must end with an assistant turn after at least one other turn"
+            raise _Unusable(
+                "`messages` must end with an assistant turn after at least one other turn"
+            ) from None
         prompt, response = context, last.get("content")
-    else:
-        return f"needs `{data.prompt_key}` and `{data.response_key}` columns, or a `messages` chat list"
-    if not isinstance(response, str) or not response:
-        return f"the response is not a non-empty string (got {type(response).__name__})"
-    if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, list):
-        return f"the prompt is not a string or chat list (got {type(prompt).__name__})"
-    return prompt, response
+    return [_pair(prompt, response)]
 
 
 def encode_prompt(prompt: str | Messages, tokenizer, data: DataConfig) -> list[int]:
@@ -97,28 +164,41 @@ def load_sft_examples(files: list[str], tokenizer, data: DataConfig, config_key:
     too_long: list[str] = []
     for path in files:
         for raw in read_rows(path, config_key):
-            split = _split(raw.value, data) if isinstance(raw.value, dict) else raw.value
-            if isinstance(split, str):
-                problems.append(f"{raw.where}: {split}")
+            if not isinstance(raw.value, dict):
+                problems.append(f"{raw.where}: {raw.value}")
                 continue
-            prompt, response = split
             try:
-                prompt_ids = encode_prompt(prompt, tokenizer, data)
-            except ValueError as e:
+                pairs = _split(raw.value, data)
+                encoded = [
+                    (encode_prompt(p, tokenizer, data), encode_response(r, tokenizer, data)) for p, r in pairs
+                ]
+            except (_Unusable, ValueError) as e:
                 problems.append(f"{raw.where}: {e}")
                 continue
-            response_ids = encode_response(response, tokenizer, data)
-            if len(prompt_ids) > data.max_prompt_length or len(response_ids) > data.max_response_length:
-                too_long.append(raw.where)
-                continue
-            examples.append(SFTExample(raw.where, prompt_ids, response_ids))
+            for prompt_ids, response_ids in encoded:
+                if len(prompt_ids) > data.max_prompt_length or len(response_ids) > data.max_response_length:
+                    too_long.append(raw.where)
+                else:
+                    examples.append(SFTExample(raw.where, prompt_ids, response_ids))
     report_skipped("sft", problems, too_long, data)
     if not examples:
+        first = f"; the first: {problems[0]}" if problems else ""
         raise DataError(
             f"{config_key}: no usable SFT rows in {', '.join(files)} ({len(problems)} malformed, {len(too_long)} too "
-            "long); rows need prompt/response columns or a messages list, within the length limits"
+            f"long){first}. Rows need {_wanted(data)}, within the length limits"
         )
     return examples
+
+
+def _wanted(data: DataConfig) -> str:
+    if data.multiturn.enable:
+        return f"a {data.multiturn.messages_key!r} chat list (data.multiturn.messages_key)"
+    prompt = ".".join([data.prompt_key, *data.prompt_dict_keys])
+    response = ".".join([data.response_key, *data.response_dict_keys])
+    return (
+        f"the prompt at {prompt} and the response at {response} (data.prompt_key / data.prompt_dict_keys, "
+        "data.response_key / data.response_dict_keys), or a `messages` chat list"
+    )
 
 
 def sft_batch(examples: list[SFTExample], pad_token_id: int) -> Batch:

@@ -27,11 +27,14 @@ class GlobalCounts:
     """Denominators of a mini-batch loss, over all its micro-batches and data-parallel ranks."""
 
     num_tokens: float
-    num_seqs: float
+    num_seqs: float  # rows
     horizon: int  # response columns R: the constant length of seq-mean-token-sum-norm
+    # rows with at least one token to train on: the seq-mean modes' denominator (verl's agg_loss), so rows
+    # emptied by rollout rejection do not shrink the loss of the others
+    num_trained_seqs: float
 
     def agg(self) -> dict:
-        return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "horizon": self.horizon}
+        return {"num_tokens": self.num_tokens, "num_seqs": self.num_trained_seqs, "horizon": self.horizon}
 
 
 # loss_fn(micro-batch, model output at its response positions [k, R, ...], counts) -> (this micro-batch's
@@ -75,11 +78,11 @@ def train_minibatches(
     for _ in range(epochs):
         for start in range(0, n, mini_batch_size):
             rows = list(range(start, start + mini_batch_size))
-            counts = torch.tensor(
-                [float(sum(seqs.response_lens[r] for r in rows)), float(len(rows))], dtype=torch.float64
-            )
+            lens = [seqs.response_lens[r] for r in rows]
+            counts = torch.tensor([sum(lens), len(lens), sum(n > 0 for n in lens)], dtype=torch.float64)
             dist.all_reduce(counts, group=dp_group)
-            global_counts = GlobalCounts(counts[0].item(), counts[1].item(), seqs.response_width)
+            tokens, n_rows, trained = counts.tolist()
+            global_counts = GlobalCounts(tokens, n_rows, seqs.response_width, trained)
             mbs = worker.microbatches(seqs, rows, fields, group)
             scale = len(mbs) * dp_size
 

@@ -2,7 +2,8 @@
 
 `rl_setup` = a tiny Llama (random weights, offline tokenizer), the digits_reverse task in verl's parquet
 schema (warm-start answers: half copy the input), and the model after a short SFT on it (megarl's own
-SFT trainer, under Ray) — a policy that answers in the task's format and is right part of the time.
+SFT trainer, under Ray, on a parquet in verl's GSM8K schema read with verl's SFT keys) — a policy that
+answers in the task's format and is right part of the time.
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ class RLSetup:
         return load_config(CONFIGS / "quickstart_grpo.yaml", self.grpo_overrides(out, *extra))
 
 
+def as_verl_gsm8k_sft(sft: Path, out: Path) -> Path:
+    """The task's SFT pairs rewritten in the schema of verl's examples/data_preprocess/gsm8k.py output
+    (the question and the answer only under extra_info), so the session's SFT reads them with verl's keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {
+            "data_source": row["data_source"],
+            "prompt": [{"role": "user", "content": row["prompt"]}],
+            "ability": "digits",
+            "reward_model": {"style": "rule", "ground_truth": row["response"]},
+            "extra_info": {
+                "split": "train",
+                "index": i,
+                "answer": row["response"],
+                "question": row["prompt"],
+            },
+        }
+        for i, row in enumerate(pq.read_table(sft).to_pylist())
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def rl_setup(tmp_path_factory, ray_cluster) -> RLSetup:
     from megarl.data.tasks import make_task
@@ -49,12 +75,17 @@ def rl_setup(tmp_path_factory, ray_cluster) -> RLSetup:
 
     root = tmp_path_factory.mktemp("rl")
     base = build_tiny_hf(root / "llama", family="llama")
-    make_task("digits_reverse", root / "data", n_train=512, n_val=64, n_sft=2048, sft_noise=0.5)
+    files = make_task("digits_reverse", root / "data", n_train=512, n_val=64, n_sft=2048, sft_noise=0.5)
     cfg = load_config(
         CONFIGS / "quickstart_sft.yaml",
         [
             f"model.path={base}",
-            f"data.train_files=[{root / 'data' / 'sft.parquet'}]",
+            f"data.train_files=[{as_verl_gsm8k_sft(files.sft, root / 'data' / 'sft_verl.parquet')}]",
+            # verl's examples/sft/gsm8k keys, as its scripts pass them
+            "data.prompt_key=extra_info",
+            "data.prompt_dict_keys=[question]",
+            "data.response_key=extra_info",
+            "data.response_dict_keys=[answer]",
             f"trainer.output_dir={root / 'sft'}",
             "trainer.total_steps=600",
         ],

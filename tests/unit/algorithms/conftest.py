@@ -32,7 +32,7 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 def row_factors(lengths: list[int], mode: str, num_seqs: int | None = None, horizon: int = RESPONSE_LEN):
     """d(aggregated loss) / d(one token's loss) for each row under `mode`, written from its definition."""
-    seqs = len(lengths) if num_seqs is None else num_seqs
+    seqs = sum(n > 0 for n in lengths) if num_seqs is None else num_seqs  # rows with tokens, as verl
     if mode == "token-mean":
         return [1 / sum(lengths)] * len(lengths)
     if mode == "seq-mean-token-mean":

@@ -224,3 +224,14 @@ def test_single_prompt_batch_with_one_row(mask):
     adv, _ = grpo(SCORES[:1], GROUP_IDS[:1], one)
     close(adv, [[1.0 / (1 + 1e-6)] * 3 + [0.0, 0.0]])
     close(rloo(SCORES[:1], GROUP_IDS[:1], one)[0], [[1.0, 1.0, 1.0, 0.0, 0.0]])
+
+
+def test_reinforce_plus_plus_carries_the_return_across_holes_in_the_mask():
+    """Tool-output tokens (mask 0) inside a response do not cut the return: rewards [0, 0, 0, 1], mask
+    [1, 0, 1, 1] give returns [1, ·, 1, 1] (0 at the hole). verl 0.9.1 gives the same (computed with the
+    reference install); verl up to 0.8 restarted the return at each hole, [0, ·, 1, 1], the bug reported
+    as verl issue #7278 and fixed by verl PR #7300."""
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    _, returns = reinforce_plus_plus(rewards, mask, gamma=1.0)
+    assert returns.tolist() == [[1.0, 0.0, 1.0, 1.0]]

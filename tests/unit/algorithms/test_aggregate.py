@@ -8,7 +8,14 @@ import statistics
 import pytest
 import torch
 
-from megarl.algorithms.aggregate import LOSS_AGG_MODES, aggregate, masked_mean, masked_var, masked_whiten
+from megarl.algorithms.aggregate import (
+    LOSS_AGG_MODES,
+    aggregate,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    sequences_with_tokens,
+)
 from tests.unit.algorithms.conftest import LENGTHS, RESPONSE_LEN, mask_of, randn
 
 pytestmark = pytest.mark.unit
@@ -20,7 +27,7 @@ def reference_aggregate(values, lengths, mode, num_tokens=None, num_seqs=None, h
     """The modes written from their definitions, over Python lists of the real tokens."""
     rows = [[values[i][t] for t in range(n)] for i, n in enumerate(lengths)]
     num_tokens = sum(lengths) if num_tokens is None else num_tokens
-    num_seqs = len(lengths) if num_seqs is None else num_seqs
+    num_seqs = sum(n > 0 for n in lengths) if num_seqs is None else num_seqs  # rows with tokens (verl)
     horizon = len(values[0]) if horizon is None else horizon
     if mode == "token-mean":
         return sum(sum(r) for r in rows) / num_tokens if num_tokens else 0.0
@@ -61,7 +68,7 @@ def test_parts_with_global_counts_sum_to_the_whole_batch(values, mask, mode, spl
     """What the workers rely on: micro-batch losses with the mini-batch's counts add up to its loss, even
     when each micro-batch is trimmed to its own longest response (so horizon must be passed)."""
     whole = aggregate(values, mask, mode)
-    counts = dict(num_tokens=mask.sum(), num_seqs=values.shape[0], horizon=values.shape[1])
+    counts = dict(num_tokens=mask.sum(), num_seqs=sequences_with_tokens(mask), horizon=values.shape[1])
     total = torch.zeros((), dtype=values.dtype)
     for v, m in zip(values.split(split), mask.split(split)):
         width = max(1, int(m.sum(dim=-1).max()))
@@ -119,3 +126,33 @@ def test_masked_whiten_matches_definition(values, mask, shift_mean):
     ]
     got = masked_whiten(values, mask, shift_mean=shift_mean)
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+# verl 0.9.1's core_algos.agg_loss / compute_policy_loss_vanilla (clip 0.2, clip_ratio_c 3) on values or
+# advantages [[1, 1], [0, 0]] with mask [[1, 1], [0, 0]] (a row emptied by rollout rejection), computed
+# once with the reference install and pinned here (tools/verl_algos_check.py re-checks them)
+VERL_EMPTY_ROW = {
+    "token-mean": (1.0, -1.0),
+    "seq-mean-token-sum": (2.0, -2.0),
+    "seq-mean-token-mean": (1.0, -1.0),
+    "seq-mean-token-sum-norm": (1.0, None),
+}
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_a_row_without_tokens_is_not_counted_in_the_sequence_mean_as_in_verl(mode):
+    from megarl.algorithms.policy_loss import ppo_clip_loss
+
+    ones = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    agg, vanilla = VERL_EMPTY_ROW[mode]
+    assert aggregate(ones, ones, mode).item() == agg
+    if vanilla is not None:
+        zeros = torch.zeros_like(ones)
+        assert (
+            ppo_clip_loss(zeros, zeros, ones, ones, 0.2, 0.2, clip_ratio_c=3.0, agg_mode=mode)[0].item()
+            == vanilla
+        )
+    # split over two micro-batches (or DP ranks) with the global counts, the parts add up to the same loss
+    counts = dict(num_tokens=ones.sum(), num_seqs=sequences_with_tokens(ones), horizon=2)
+    parts = sum(aggregate(v, m, mode, **counts) for v, m in zip(ones.split(1), ones.split(1)))
+    assert parts.item() == agg

@@ -177,7 +177,7 @@ def reference_gspo(log_prob, old):
         unclipped, clipped_loss = -a * s, -a * torch.clamp(s, 1 - LOW, 1 + HIGH)
         clipped += length * bool(clipped_loss > unclipped)
         losses.append(torch.maximum(unclipped, clipped_loss))
-    return sum(losses) / len(LENGTHS), clipped
+    return sum(losses) / len(losses), clipped  # the mean over the sequences with tokens, as verl
 
 
 @pytest.mark.parametrize("c", [None, C])
@@ -268,7 +268,7 @@ def test_gmpo_matches_the_geometric_mean_objective(batch, mask, is_weights, with
     )
     (grad,) = torch.autograd.grad(loss, log_prob)
     total, grads, clipped_pos, clipped_neg = reference_gmpo(
-        log_prob, old, adv, weights, num_seqs or len(LENGTHS)
+        log_prob, old, adv, weights, num_seqs or sum(n > 0 for n in LENGTHS)
     )
     n = sum(LENGTHS)
     assert loss.item() == pytest.approx(total, **TOL)

@@ -65,6 +65,7 @@ def reference(old, rollout, is_level, rs_level, veto, normalize):
             weights[i, t] = min(raw[i, t], C)
         units = [rho[i][t] for i, t in tokens] if is_level == "token" else [level[i] for i in rows]
         metrics["rollout_is_mean"] = mean([weights[i, t].item() for i, t in tokens])
+        metrics["rollout_is_raw_mean"] = mean([raw[i, t] for i, t in tokens])
         metrics["rollout_is_max"] = max(raw.values())
         metrics["rollout_is_ratio_fraction_high"] = mean([u > math.log(C) for u in units])
         metrics["rollout_is_ratio_fraction_low"] = mean([u < -math.log(C) for u in units])
@@ -215,3 +216,48 @@ def test_empty_mask_gives_zero_metrics(log_probs):
 def test_bad_settings_are_named(log_probs, mask, kwargs, message):
     with pytest.raises(ValueError, match=message):
         compute_rollout_correction(*log_probs, mask, **kwargs)
+
+
+def test_rollout_is_mean_is_the_truncated_mean_and_raw_mean_the_one_before_truncation():
+    """Log-ratios [ln 3, 0], C = 2: weights [2, 1]. verl 0.9.1's rollout_is_mean is the truncated mean 1.5
+    (computed with the reference install, pinned); verl 0.8 logged the mean before truncation, 2.0, under
+    that name, which megarl logs as rollout_is_raw_mean."""
+    mask = torch.ones(1, 2, dtype=torch.float64)
+    rollout = -torch.tensor([[math.log(3.0), 0.0]], dtype=torch.float64)
+    _, _, metrics = compute_rollout_correction(torch.zeros_like(mask), rollout, mask, is_level="token")
+    assert metrics["rollout_corr/rollout_is_mean"].item() == pytest.approx(1.5, rel=1e-12)
+    assert metrics["rollout_corr/rollout_is_raw_mean"].item() == pytest.approx(2.0, rel=1e-12)
+
+
+# verl 0.9.1's rollout_corr_helper.compute_rollout_rejection_mask on VERL_RHO (log π_train − log π_rollout)
+# and VERL_MASK: {rollout_rs: (rollout_rs_threshold, the mask it returns)}, computed once with the
+# reference install and pinned here
+VERL_RHO = [[0.5, -0.2, 0.05, 0.0], [-0.5, 0.1, 0.0, 0.0], [-1.2, 0.3, 0.2, 0.0], [0.3] * 4, [0.45, 0, 0, 0]]
+VERL_MASK = [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]]
+VERL_REJECTION = {
+    "token_k1": ("0.5_1.5", [[1, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]]),
+    "seq_sum_k1": ("0.5_1.5", [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
+    "seq_mean_k1": ("0.7_1.5", [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]),
+    "token_k2": (0.1, [[0, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]),
+    "token_k3": (0.1, [[0, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]),
+    "seq_sum_k2": (0.15, [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
+    "seq_sum_k3": (0.15, [[0, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
+    "seq_mean_k2": (0.05, [[1, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]),
+    "seq_mean_k3": (0.05, [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]),
+    "seq_max_k2": (0.1, [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]),
+    "seq_max_k3": (0.1, [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]),
+}
+
+
+@pytest.mark.parametrize("level", sorted(VERL_REJECTION))
+def test_verl_09_rejection_names_drop_what_verl_drops(level):
+    threshold, expected = VERL_REJECTION[level]
+    lower, upper = (
+        (float(x) for x in threshold.split("_")) if isinstance(threshold, str) else (None, threshold)
+    )
+    mask = torch.tensor(VERL_MASK, dtype=torch.float64)
+    rollout = -torch.tensor(VERL_RHO, dtype=torch.float64)
+    _, new_mask, _ = compute_rollout_correction(
+        torch.zeros_like(mask), rollout, mask, rs_level=level, rs_threshold=upper, rs_threshold_lower=lower
+    )
+    assert new_mask.int().tolist() == expected

@@ -22,7 +22,7 @@ def test_clipped_value_loss_matches_loop(gen, mask, mode):
     loss, metrics = clipped_value_loss(values, old, returns, mask, CLIP, agg_mode=mode)
     loss.backward()
     n = sum(LENGTHS)
-    scale = n if mode == "token-mean" else len(LENGTHS)
+    scale = n if mode == "token-mean" else sum(k > 0 for k in LENGTHS)  # rows with tokens, as verl
     total, grads, clipped, vsum = 0.0, [], 0, 0.0
     for i, length in enumerate(LENGTHS):
         row = [0.0] * RESPONSE_LEN

@@ -219,7 +219,15 @@ INVALID = [
         ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
         [
             "bypass_mode=true uses the engine's log-probs as the old ones",
-            "unset algorithm.rollout_correction",
+            "which is then exactly 1 (verl computes them from π_θ/π_rollout inside the loss",
+            "Unset algorithm.rollout_correction.rollout_is",
+        ],
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_rs=seq_mean_k3"],
+        [
+            "rollout_rs=seq_mean_k3 drops what exceeds",
+            "set it > 0, e.g. algorithm.rollout_correction.rollout_rs",
         ],
     ),
     (

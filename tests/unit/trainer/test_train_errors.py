@@ -109,3 +109,28 @@ def test_megarl_train_on_a_preference_config_points_to_the_right_command(capsys,
     overrides = [f"model.path={tiny_models['llama']}", f"data.train_files=[{data}]"]
     assert run(PREFERENCE_CONFIG, overrides, job="train") == 2
     assert "algorithm.name=dpo is not RL training; run `megarl dpo" in capsys.readouterr().err
+
+
+def test_megarl_sft_with_verl_keys_names_the_missing_nested_column(capsys, caplog, tiny_models, tmp_path):
+    """verl's GSM8K RL parquet without extra_info.answer (an RL-only file) under verl's SFT keys: exit 2
+    before any process starts, naming the file, the row, the column and the keys that are there."""
+    rows = [verl_row(f"reverse {d}", d[::-1], data_source="megarl/digits_reverse") for d in ("12", "345")]
+    data = write_parquet(tmp_path / "gsm8k.parquet", rows)
+    overrides = [
+        f"model.path={tiny_models['llama']}",
+        f"data.train_files=[{data}]",
+        "data.prompt_key=extra_info",
+        "data.prompt_dict_keys=[question]",
+        "data.response_key=extra_info",
+        "data.response_dict_keys=[answer]",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+    sft_config = str(Path(CONFIG).parent / "quickstart_sft.yaml")
+    assert run(sft_config, overrides, job="sft") == 2
+    err = capsys.readouterr().err
+    assert "megarl sft: error: data.train_files: no usable SFT rows in" in err, err
+    assert (
+        "gsm8k.parquet row 0: column extra_info has no key 'question' (data.prompt_key=extra_info); its keys: "
+        "split, index" in err
+    ), err
+    assert "Rows need the prompt at extra_info.question and the response at extra_info.answer" in err, err
