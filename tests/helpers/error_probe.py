@@ -806,7 +806,7 @@ CASES: list[Case] = [
     Case(
         "D18",
         "data",
-        "`megarl sft` on rows without a response column (SFT data is being reworked: wording may change)",
+        "`megarl sft` on rows without a response column",
         lambda ws: [
             "sft",
             SFT,
@@ -814,8 +814,8 @@ CASES: list[Case] = [
             f"data.train_files=[{ws.parquet('sft.parquet', [{'prompt': 'sort 3 1 2', 'answer': '123'}] * 8)}]",
         ],
         (
-            "sft.parquet row 0: needs `prompt` and `response` columns",
             "no usable SFT rows in <case>/sft.parquet",
+            "sft.parquet row 0: no column 'response' (data.response_key=response); the columns present: prompt, answer",
         ),
         2,
     ),
