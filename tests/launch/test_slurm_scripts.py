@@ -51,7 +51,8 @@ def reference(slurm, tiny_run, tmp_path_factory) -> dict:
     )
     deadline = time.monotonic() + JOB_TIMEOUT_S
     _wait_for(slurm, job, TRAINING, deadline)
-    pids = [int(line.split(":")[0]) for line in leftovers(str(out))]  # torchrun on each node, the ranks
+    # torchrun on each node and the ranks (not srun, whose own I/O ports are SLURM's)
+    pids = [int(line.split(":")[0]) for line in leftovers(str(out)) if " -m megarl." in line]
     listening = {}  # (ip, port) -> the command of the process listening there
     for pid in pids:
         try:
@@ -103,6 +104,7 @@ def _signalled_run(slurm, tiny_run, tmp_path, script: str, before_training: bool
         slurm.scancel(job, "--signal=USR1", "--batch")
         _wait_for(slurm, job, "stopped by SIGUSR1 before training began; requeueing", deadline)
     _wait_for(slurm, job, TRAINING, deadline)
+    time.sleep(2)  # every rank is in step 1 (its generation takes ~20 s: the engine starts)
     slurm.scancel(job, "--signal=USR1", "--batch")
     state = slurm.wait(job, JOB_TIMEOUT_S)
     log = slurm.log(job)
