@@ -1,7 +1,6 @@
 """The SLURM launch scripts on a real SLURM with two (simulated) nodes, each run a tiny two-step GRPO run
 to completion: torchrun.sbatch uninterrupted (the reference), torchrun.sbatch and ray.sbatch warned by
-SLURM's SIGUSR1 — in step 1 (both) and, for ray.sbatch, also before training begins: each requeues, and
-the rerun that resumes equals the reference bit for bit. A failing job (bad config, killed rank) ends
+SLURM's SIGUSR1 in step 1: each requeues, and the rerun that resumes equals the reference bit for bit. A failing job (bad config, killed rank) ends
 FAILED with its cause in the log, soon; nothing is left running; torch.distributed's store listens on the
 rendezvous address alone."""
 
@@ -9,6 +8,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 
 import psutil
@@ -34,6 +34,13 @@ pytestmark = pytest.mark.slurm
 SCRIPTS = REPO / "launch" / "slurm"
 JOB_TIMEOUT_S = 420
 TRAINING = "2 steps of 8 prompts"  # the trainer's first line, printed as step 1 begins
+PYTHON = sys.executable  # the jobs' MEGARL_PYTHON (job_env)
+
+
+def _job_env() -> dict[str, str]:
+    # one thread per rank, as Ray's ranks have (torchrun sets it only for several ranks per node), so
+    # that both launchers' runs of the same layout equal bit for bit
+    return job_env(OMP_NUM_THREADS="1")
 
 
 def _wait_for(slurm, job: int, text: str, deadline: float) -> None:
@@ -47,12 +54,14 @@ def reference(slurm, tiny_run, tmp_path_factory) -> dict:
     """torchrun.sbatch's two steps on two nodes, uninterrupted; what listens while it trains."""
     out = tmp_path_factory.mktemp("reference") / "run"
     job = slurm.sbatch(
-        SCRIPTS / "torchrun.sbatch", [str(CONFIG), *run_overrides(tiny_run, out)], env=job_env(), nodes=2
+        SCRIPTS / "torchrun.sbatch", [str(CONFIG), *run_overrides(tiny_run, out)], env=_job_env(), nodes=2
     )
     deadline = time.monotonic() + JOB_TIMEOUT_S
     _wait_for(slurm, job, TRAINING, deadline)
     # torchrun on each node and the ranks (not srun, whose own I/O ports are SLURM's)
-    pids = [int(line.split(":")[0]) for line in leftovers(str(out)) if " -m megarl." in line]
+    pids = [
+        int(pid) for pid, cmd in (ln.split(": ", 1) for ln in leftovers(str(out))) if cmd.startswith(PYTHON)
+    ]
     listening = {}  # (ip, port) -> the command of the process listening there
     for pid in pids:
         try:
@@ -86,23 +95,19 @@ def test_torchrun_sbatch_runs_two_steps_on_two_nodes_its_store_on_the_rendezvous
     assert_nothing_left(str(out))
 
 
-def _signalled_run(slurm, tiny_run, tmp_path, script: str, before_training: bool = False) -> tuple[int, str]:
-    """`script` on two nodes, warned by SIGUSR1 as SLURM warns (`scancel --signal=USR1 --batch`) in step 1
-    (first, with `before_training`, once while its Ray nodes join): it requeues, and its last rerun
-    resumes from step_1 and completes; returns the job and its log (every run's)."""
+def _signalled_run(slurm, tiny_run, tmp_path, script: str) -> tuple[int, str]:
+    """`script` on two nodes, warned by SIGUSR1 as SLURM warns (`scancel --signal=USR1 --batch`) in step 1:
+    it requeues, and its rerun resumes from step_1 and completes; returns the job and its log (both
+    runs')."""
     out = tmp_path / "run"
     job = slurm.sbatch(
         SCRIPTS / script,
         [str(CONFIG), *run_overrides(tiny_run, out)],
-        env=job_env(),
+        env=_job_env(),
         nodes=2,
         open_mode="append",
     )
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    if before_training:
-        _wait_for(slurm, job, f"megarl {script}: job {job}", deadline)
-        slurm.scancel(job, "--signal=USR1", "--batch")
-        _wait_for(slurm, job, "stopped by SIGUSR1 before training began; requeueing", deadline)
     _wait_for(slurm, job, TRAINING, deadline)
     time.sleep(2)  # every rank is in step 1 (its generation takes ~20 s: the engine starts)
     slurm.scancel(job, "--signal=USR1", "--batch")
@@ -140,17 +145,15 @@ def test_sigusr1_in_step_1_checkpoints_and_requeues_a_torchrun_job_whose_rerun_e
     _assert_equals_reference(reference, tmp_path / "run")
 
 
-def test_sigusr1_before_training_then_in_step_1_requeues_a_ray_job_twice_whose_last_rerun_equals_the_reference(
+def test_sigusr1_in_step_1_checkpoints_and_requeues_a_ray_job_whose_rerun_equals_the_reference(
     slurm, tiny_run, tmp_path, reference
 ):
-    """ray.sbatch gets SLURM's SIGUSR1 first while its Ray nodes join (nothing to save: the script tears
-    Ray down and requeues the job), then in step 1 of its rerun: the script passes it to the trainer,
-    which finishes the step, saves it and exits 75 with one line (no Ray crash dump); the script tears
-    Ray down and requeues again. The last rerun resumes from step_1 and completes: both steps equal the
-    torchrun reference's bit for bit (the same layout and data); no Ray process is left."""
+    """ray.sbatch gets SLURM's SIGUSR1 in step 1: the script passes it to the trainer, which finishes the
+    step, saves it and exits 75 with one line (no Ray crash dump); the script tears Ray down and requeues
+    the job, whose rerun resumes from step_1 and completes: both steps equal the torchrun reference's bit
+    for bit (the same layout and data); no Ray process is left."""
     before = ray_processes()
-    job, log = _signalled_run(slurm, tiny_run, tmp_path, "ray.sbatch", before_training=True)
-    assert log.count(f"requeueing job {job}") == 1 and log.count("requeueing") == 2, log[-4000:]
+    job, log = _signalled_run(slurm, tiny_run, tmp_path, "ray.sbatch")
     assert "SIGTERM received" not in log and "SIGUSR1 received; the trainer finishes its step" in log
     _assert_equals_reference(reference, tmp_path / "run")
     assert_no_new_ray_processes(before)
