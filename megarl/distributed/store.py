@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import ipaddress
 import socket
 import sys
 from typing import Any
@@ -25,7 +26,9 @@ class StoreAddressError(MegarlError, RuntimeError):
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`'s address (not every interface), listening on `port`."""
+    """A TCP socket listening on `port` at `host`'s address, not on every interface — unless `host` is a
+    name that resolves to loopback here only (a hostname /etc/hosts maps to 127.0.1.1, which names this
+    node for the others): then on every interface, as torch listens."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except OSError as e:
@@ -33,6 +36,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
             f"the rendezvous address MASTER_ADDR={host} cannot be resolved ({e.strerror or e}); set it to "
             "an address of the first rank's node"
         ) from e
+    if ipaddress.ip_address(address[0]).is_loopback and not _names_loopback(host):
+        address = ("::" if family == socket.AF_INET6 else "0.0.0.0", port)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -49,6 +54,16 @@ def listening_socket(host: str, port: int) -> socket.socket:
             f"the rendezvous store cannot listen on {host}:{port} ({e.strerror or e}); {fix}"
         ) from e
     return sock
+
+
+def _names_loopback(host: str) -> bool:
+    """`host` is a loopback address or `localhost` (for every process, not only this machine's)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def tcp_store(

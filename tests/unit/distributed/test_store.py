@@ -8,7 +8,7 @@ import socket
 import psutil
 import pytest
 
-from megarl.distributed.store import StoreAddressError, tcp_store
+from megarl.distributed.store import StoreAddressError, listening_socket, tcp_store
 
 TIMEOUT = datetime.timedelta(seconds=10)
 
@@ -55,3 +55,21 @@ def test_a_taken_port_and_an_address_of_no_local_interface_are_named_with_their_
         f"the rendezvous store cannot listen on {elsewhere}:{port} (Cannot assign requested address); "
         "MASTER_ADDR must be an address of the first rank's node"
     )
+
+
+def test_a_name_that_resolves_to_loopback_here_only_serves_on_every_interface(monkeypatch):
+    """A hostname that /etc/hosts maps to 127.0.1.1 names this node for the other nodes: listening on
+    127.0.1.1 alone would shut them out, so the store listens as torch does (only literal loopback
+    addresses and `localhost` keep it on loopback)."""
+    real = socket.getaddrinfo
+
+    def hosts_file(host, *args, **kwargs):  # what such an /etc/hosts answers for this node's name
+        return real("127.0.1.1" if host == "node0" else host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hosts_file)
+    for host, served_on in (("node0", "0.0.0.0"), ("localhost", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")):
+        sock = listening_socket(host, 0)
+        try:
+            assert sock.getsockname()[0] == served_on, host
+        finally:
+            sock.close()
