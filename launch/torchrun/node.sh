@@ -24,7 +24,7 @@ else
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 fi
 nproc=${NPROC_PER_NODE:-$([ "${gpus:-0}" -gt 0 ] && echo "$gpus" || echo 1)}
-exec "$python" -m torch.distributed.run --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$nproc" \
+exec "$python" -m megarl.distributed.store --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$nproc" \
     --master_addr "$MASTER_ADDR" --master_port "${MASTER_PORT:-29500}" --max_restarts 0 \
     --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout "${MEGARL_SHUTDOWN_TIMEOUT_S:-600}" \
     -m megarl.train "$@" trainer.launcher=torchrun trainer.nnodes="$NNODES" trainer.n_devices_per_node="$nproc"

@@ -40,7 +40,7 @@ def relaunch_with_torchrun(cfg: MegarlConfig, argv: list[str]) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "megarl.distributed.store",  # torchrun, its store on --master_addr only
         f"--nproc_per_node={t.n_devices_per_node}",
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",

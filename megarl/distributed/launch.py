@@ -26,7 +26,7 @@ def run_torchrun(
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "megarl.distributed.store",  # torchrun, its store on --master_addr only
         f"--nproc_per_node={nproc}",
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",

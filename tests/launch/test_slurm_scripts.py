@@ -1,14 +1,17 @@
-"""The SLURM launch scripts on a real SLURM with two (simulated) nodes: each runs two steps of a tiny GRPO
-run to completion; a failing job (bad config, killed rank) ends FAILED with its cause in the log, soon;
-SLURM's SIGUSR1 warning checkpoints and requeues a job that then resumes; a cancelled one is torn down;
-nothing is left running."""
+"""The SLURM launch scripts on a real SLURM with two (simulated) nodes, each run a tiny two-step GRPO run
+to completion: torchrun.sbatch uninterrupted (the reference), torchrun.sbatch and ray.sbatch warned by
+SLURM's SIGUSR1 in step 1: each requeues, and the rerun that resumes equals the reference bit for bit. A failing job (bad config, killed rank) ends
+FAILED with its cause in the log, soon; nothing is left running; torch.distributed's store listens on the
+rendezvous address alone."""
 
 from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 
+import psutil
 import pytest
 
 from tests.helpers.launch import (
@@ -17,28 +20,142 @@ from tests.helpers.launch import (
     assert_no_new_ray_processes,
     assert_nothing_left,
     job_env,
+    leftovers,
+    non_loopback_listeners,
     ray_processes,
     run_overrides,
     steps_written,
 )
+from tests.helpers.rl_runs import assert_same_metrics
+from tests.helpers.run_files import jsonl_history
 
 pytestmark = pytest.mark.slurm
 
 SCRIPTS = REPO / "launch" / "slurm"
 JOB_TIMEOUT_S = 420
+TRAINING = "2 steps of 8 prompts"  # the trainer's first line, printed as step 1 begins
+PYTHON = sys.executable  # the jobs' MEGARL_PYTHON (job_env)
 
 
-@pytest.mark.parametrize("script", ["torchrun.sbatch", "ray.sbatch"])
-def test_launch_script_runs_two_steps_on_two_nodes(slurm, tiny_run, tmp_path, script):
-    out = tmp_path / "run"
-    before = ray_processes()
-    job = slurm.sbatch(SCRIPTS / script, [str(CONFIG), *run_overrides(tiny_run, out)], env=job_env(), nodes=2)
+def _job_env() -> dict[str, str]:
+    # one thread per rank, as Ray's ranks have (torchrun sets it only for several ranks per node), so
+    # that both launchers' runs of the same layout equal bit for bit
+    return job_env(OMP_NUM_THREADS="1")
+
+
+def _wait_for(slurm, job: int, text: str, deadline: float) -> None:
+    while text not in slurm.log(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert text in slurm.log(job), slurm.log(job)[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reference(slurm, tiny_run, tmp_path_factory) -> dict:
+    """torchrun.sbatch's two steps on two nodes, uninterrupted; what listens while it trains."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    job = slurm.sbatch(
+        SCRIPTS / "torchrun.sbatch", [str(CONFIG), *run_overrides(tiny_run, out)], env=_job_env(), nodes=2
+    )
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    _wait_for(slurm, job, TRAINING, deadline)
+    # torchrun on each node and the ranks (not srun, whose own I/O ports are SLURM's)
+    pids = [
+        int(pid) for pid, cmd in (ln.split(": ", 1) for ln in leftovers(str(out))) if cmd.startswith(PYTHON)
+    ]
+    listening = {}  # (ip, port) -> the command of the process listening there
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for c in proc.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    listening[c.laddr.ip, c.laddr.port] = " ".join(proc.cmdline()[:3])
+        except psutil.Error:
+            continue
+    non_loopback = non_loopback_listeners(pids)
     state = slurm.wait(job, JOB_TIMEOUT_S)
+    return {"job": job, "out": out, "state": state, "non_loopback": non_loopback, "listening": listening}
+
+
+def test_torchrun_sbatch_runs_two_steps_on_two_nodes_its_store_on_the_rendezvous_address_alone(
+    slurm, reference
+):
+    """The reference run completes; while it trains, torchrun's store (its first node's, which the ranks
+    use) listens on the rendezvous address (the node's SLURM NodeAddr, 127.0.0.1 here) and no process of
+    the job listens on any other address (torch alone would bind the store to every interface)."""
+    job, out = reference["job"], reference["out"]
     log = slurm.log(job)
-    assert state == "COMPLETED", log[-4000:]
+    assert reference["state"] == "COMPLETED", log[-4000:]
     assert steps_written(out) == [1, 2], log[-4000:]
     assert slurm.exit_code(job) == "0:0"
+    addr, port = re.search(r"rendezvous (\S+):(\d+)", log).groups()
+    assert "megarl.distributed.store" in reference["listening"].get((addr, int(port)), ""), reference[
+        "listening"
+    ]
+    assert reference["non_loopback"] == []
     assert_nothing_left(str(out))
+
+
+def _signalled_run(slurm, tiny_run, tmp_path, script: str) -> tuple[int, str]:
+    """`script` on two nodes, warned by SIGUSR1 as SLURM warns (`scancel --signal=USR1 --batch`) in step 1:
+    it requeues, and its rerun resumes from step_1 and completes; returns the job and its log (both
+    runs')."""
+    out = tmp_path / "run"
+    job = slurm.sbatch(
+        SCRIPTS / script,
+        [str(CONFIG), *run_overrides(tiny_run, out)],
+        env=_job_env(),
+        nodes=2,
+        open_mode="append",
+    )
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    _wait_for(slurm, job, TRAINING, deadline)
+    time.sleep(2)  # every rank is in step 1 (its generation takes ~20 s: the engine starts)
+    slurm.scancel(job, "--signal=USR1", "--batch")
+    state = slurm.wait(job, JOB_TIMEOUT_S)
+    log = slurm.log(job)
+    assert state == "COMPLETED", (slurm.states(job), log[-4000:])
+    stop = (
+        f"megarl train: stopped by SIGUSR1 after step 1: checkpoint {out}/checkpoints/step_1 saved; rerun the "
+        "same command to resume from it (exit code 75)"
+    )
+    assert stop in log and f"requeueing job {job}" in log, log[-4000:]
+    assert f"resumed from {out / 'checkpoints' / 'step_1'}" in log, log[-4000:]
+    assert steps_written(out) == [1, 2]  # each step once
+    assert slurm.exit_code(job) == "0:0"
+    assert_nothing_left(str(out), grace_s=30)
+    return job, log
+
+
+def _assert_equals_reference(reference: dict, out) -> None:
+    expected, actual = jsonl_history(reference["out"]), jsonl_history(out)
+    assert sorted(actual) == sorted(expected) == [1, 2]
+    for step in expected:
+        assert "actor/pg_loss" in assert_same_metrics(expected[step], actual[step]), step
+
+
+def test_sigusr1_in_step_1_checkpoints_and_requeues_a_torchrun_job_whose_rerun_equals_the_reference(
+    slurm, tiny_run, tmp_path, reference
+):
+    """torchrun.sbatch (#SBATCH --signal=B:USR1@120, --requeue) gets SLURM's time-limit warning in step
+    1: the script passes it to every rank (torchrun too), which finish the step, save it and exit 75,
+    rank 0 with one line; the script requeues the job, whose rerun resumes from step_1, trains step 2
+    and completes: both steps equal the uninterrupted reference's bit for bit."""
+    job, log = _signalled_run(slurm, tiny_run, tmp_path, "torchrun.sbatch")
+    assert "megarl torchrun.sbatch: SIGUSR1 received; the ranks finish their step and save it" in log
+    _assert_equals_reference(reference, tmp_path / "run")
+
+
+def test_sigusr1_in_step_1_checkpoints_and_requeues_a_ray_job_whose_rerun_equals_the_reference(
+    slurm, tiny_run, tmp_path, reference
+):
+    """ray.sbatch gets SLURM's SIGUSR1 in step 1: the script passes it to the trainer, which finishes the
+    step, saves it and exits 75 with one line (no Ray crash dump); the script tears Ray down and requeues
+    the job, whose rerun resumes from step_1 and completes: both steps equal the torchrun reference's bit
+    for bit (the same layout and data); no Ray process is left."""
+    before = ray_processes()
+    job, log = _signalled_run(slurm, tiny_run, tmp_path, "ray.sbatch")
+    assert "SIGTERM received" not in log and "SIGUSR1 received; the trainer finishes its step" in log
+    _assert_equals_reference(reference, tmp_path / "run")
     assert_no_new_ray_processes(before)
 
 
@@ -98,48 +215,4 @@ def test_a_ray_node_that_cannot_start_fails_the_job_at_once_naming_it(slurm, tin
     assert re.search(r"ray start on node[12] ended before all nodes joined", log), log[-3000:]
     assert time.monotonic() - start < 200
     assert_nothing_left(str(out))
-    assert_no_new_ray_processes(before)
-
-
-def test_sigusr1_checkpoints_and_requeues_a_ray_job_whose_rerun_resumes_then_scancel_ends_it(
-    slurm, tiny_run, tmp_path
-):
-    """ray.sbatch (#SBATCH --signal=B:USR1@120, --requeue) gets SLURM's time-limit warning — SIGUSR1 to
-    the batch shell, sent as SLURM sends it (`scancel --signal=USR1 --batch`) once training runs: the
-    trainer finishes its step, saves it and exits 75 with one line, the script tears Ray down and
-    requeues the job. Its rerun resumes from that checkpoint; `scancel` then ends it, CANCELLED, and
-    no process is left."""
-    out = tmp_path / "run"
-    overrides = run_overrides(tiny_run, out, "trainer.total_steps=50")
-    before = ray_processes()
-    job = slurm.sbatch(
-        SCRIPTS / "ray.sbatch", [str(CONFIG), *overrides], env=job_env(), nodes=2, open_mode="append"
-    )
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not steps_written(out) and time.monotonic() < deadline:  # training has started
-        time.sleep(1)
-    assert steps_written(out), slurm.log(job)[-3000:]
-    slurm.scancel(job, "--signal=USR1", "--batch")
-    while "resumed from" not in slurm.log(job) and time.monotonic() < deadline:
-        time.sleep(1)
-    log = slurm.log(job)
-    m = re.search(
-        rf"megarl train: stopped by SIGUSR1 after step (\d+): checkpoint {re.escape(str(out))}/checkpoints/"
-        r"step_(\d+) saved; rerun the same command to resume from it \(exit code 75\)",
-        log,
-    )
-    assert m and m[1] == m[2], log[-4000:]
-    assert f"requeueing job {job}" in log and f"resumed from {out / 'checkpoints' / f'step_{m[1]}'}" in log, (
-        log[-4000:]
-    )
-    saved = int(m[1])
-    while max(steps_written(out), default=0) <= saved and time.monotonic() < deadline:  # the rerun trains
-        time.sleep(1)
-    assert steps_written(out) == list(range(1, max(steps_written(out)) + 1))  # each step once
-    slurm.scancel(job)
-    deadline = time.monotonic() + 120
-    while "CANCELLED" not in slurm.states(job) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert slurm.states(job)[-1] == "CANCELLED", (slurm.states(job), slurm.log(job)[-3000:])
-    assert_nothing_left(str(out), grace_s=30)
     assert_no_new_ray_processes(before)

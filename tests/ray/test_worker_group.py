@@ -175,10 +175,12 @@ def test_worker_failing_to_start_raises_worker_error(pool2):
     assert "no checkpoint at /nonexistent" in str(err.value)
 
 
-def test_the_session_cluster_is_named_and_listens_on_loopback_only(pool2):
+def test_the_session_cluster_is_named_and_listens_on_loopback_only(pool2, tp2_dp2):
     """megarl's own cluster (start_local_ray): every Ray process of it listens on 127.0.0.1 alone (no
-    dashboard, agent, metrics exporter or GCS port on another interface); RAY_ADDRESS names it for the
-    `megarl` commands the tests start."""
+    dashboard, agent, metrics exporter or GCS port on another interface), megarl's rank processes too:
+    rank 0 of a worker group serves torch.distributed's store at MASTER_PORT on 127.0.0.1 only (torch
+    itself would bind every interface); RAY_ADDRESS names the cluster for the `megarl` commands the tests
+    start."""
     import os
 
     from megarl.controller.resource_pool import cluster_address
@@ -190,8 +192,12 @@ def test_the_session_cluster_is_named_and_listens_on_loopback_only(pool2):
             text = f"{child.name()} {' '.join(child.cmdline())}"
         except psutil.Error:
             continue
-        # megarl's rank processes are left out: their torch.distributed TCPStore binds every interface
-        if any(name in text for name in RAY_PROCESS_NAMES) and not text.startswith("ray::_RankHost"):
+        if any(name in text for name in RAY_PROCESS_NAMES):
             ray_pids.append(child.pid)
-    assert len(ray_pids) >= 3  # gcs_server, raylet, agents, workers
+    rank_pids = [p["pid"] for p in tp2_dp2.processes]
+    assert len(ray_pids) >= 3 and set(rank_pids) <= set(ray_pids)  # gcs_server, raylet, agents, workers
     assert non_loopback_listeners(ray_pids) == []
+    rank0 = psutil.Process(rank_pids[0])
+    store_port = int(rank0.environ()["MASTER_PORT"])
+    listening = [c.laddr for c in rank0.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    assert [a.ip for a in listening if a.port == store_port] == ["127.0.0.1"], listening
