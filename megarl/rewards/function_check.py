@@ -59,12 +59,15 @@ def signature_problem(fn: Callable[..., Any], path: str, name: str) -> str | Non
         f"it, {call}: {name}{sig} {' and '.join(what) or 'does not accept these keywords'}"
     )
     if "data_source" in missing and "solution_str" in params and "ground_truth" in params:
+        stem = os.path.splitext(os.path.basename(path))[0]
         return (
             f"{head}. This is one of verl's per-source scorers (verl/utils/reward_score/*.py, e.g. gsm8k.py's "
-            "compute_score(solution_str, ground_truth, method=..., ...)), not a reward function: wrap it in a file "
-            "of your own, `def compute_score(data_source, solution_str, ground_truth, extra_info=None): return "
-            f"{name}(solution_str, ground_truth)`, or remove reward.function to score with megarl's rule reward "
-            "for the rows' data_source (docs/verl-rewards.md lists them)"
+            "compute_score(solution_str, ground_truth, method=..., ...)), not a reward function. Either remove "
+            "reward.function to score with megarl's rule reward for the rows' data_source (docs/verl-rewards.md "
+            "lists them), or wrap it: a file of your own with `def compute_score(data_source, solution_str, "
+            "ground_truth, extra_info=None): return verl_score(solution_str, ground_truth)`, where verl_score is "
+            f"this function, pasted in or imported (`from {stem} import {name} as verl_score`, with "
+            f"{os.path.dirname(os.path.abspath(path))} on PYTHONPATH)"
         )
     fixes = []
     if missing:
