@@ -11,6 +11,8 @@ answer in `\\fbox{...}` scores 0, as in verl (its `remove_boxed` accepts `\\boxe
 
 from __future__ import annotations
 
+from megarl.errors import MegarlError
+
 
 def last_boxed_only_string(text: str) -> str | None:
     """The answer box of `text`: the part after its last `\\boxed ` (up to a `$`) when it has one, else its
@@ -42,7 +44,7 @@ def remove_boxed(boxed: str) -> str | None:
     return None
 
 
-class _Malformed(ValueError):
+class _Malformed(MegarlError, ValueError):
     """A normalisation step that cannot read the answer: the answers are compared as written."""
 
 
