@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -85,8 +86,6 @@ def check_reward_file(path: str, name: str, timeout_s: float = IMPORT_TIMEOUT_S)
     key = (os.path.abspath(path), name, os.path.getmtime(path))
     if key in _checked:
         return
-    import tempfile
-
     with tempfile.NamedTemporaryFile("r", suffix=".txt", prefix="megarl-reward-check-") as result:
         cmd = [
             sys.executable,
