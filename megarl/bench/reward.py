@@ -52,12 +52,18 @@ def _row(reward: str, i: int) -> tuple[str, str, Any]:
         answer = "(25 - 5) * 4 + 3" if right else "25 * 4 - 5 + 3"
         truth = {"target": 83, "numbers": [25, 5, 4, 3]}
         return "countdown", f"Assistant: <think>{_THOUGHT}</think> <answer>{answer}</answer>", truth
+    if reward == "math_dapo":
+        return "aime2024", f"{_THOUGHT}Answer: {i if right else i + 1}", str(i)
+    if reward == "search_r1":
+        answer = f"The City {i}" if right else "London"
+        truth = {"target": [f"city {i}", f"c{i}"]}
+        return "searchR1_nq", f"<think>{_THOUGHT}</think><answer>{answer}</answer>", truth
     if reward == "digits":
         return "megarl/digits_sort", "13459" if right else "13495", "13459"
     return "my/private_set", f"{_THOUGHT} {i}", str(i if right else -1)  # the verl file
 
 
-REWARDS = ("gsm8k", "math", "countdown", "digits", "verl_file")
+REWARDS = ("gsm8k", "math", "math_dapo", "search_r1", "countdown", "digits", "verl_file")
 
 
 def make_batch(reward: str, rows: int) -> Batch:

@@ -83,6 +83,13 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         print("megarl: this process runs under torchrun; set trainer.launcher=torchrun", file=sys.stderr)
         return EXIT_USAGE
     spmd_rank = int(os.environ["RANK"]) if cfg.trainer.launcher == "torchrun" and under_torchrun() else None
+    if cfg.reward.function.path and spmd_rank is None:  # before torchrun or Ray starts anything
+        from megarl.rewards.function_check import check_reward_file
+
+        try:
+            check_reward_file(cfg.reward.function.path, cfg.reward.function.name)
+        except MegarlError as e:
+            return report_error(job, e)
     with contextlib.ExitStack() as held:
         try:  # one run per trainer.output_dir, before anything is written there
             lock = held.enter_context(hold_for_job(cfg.trainer.output_dir, spmd_rank, say=_say))

@@ -144,7 +144,9 @@ class RewardFunctionConfig:
     `compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict`, called with
     keyword arguments; a dict's "score" is the reward and its other numeric keys become metrics
     (`reward/<key>/mean`). To keep the rule rewards for some rows, call
-    `megarl.rewards.default_compute_score` from it."""
+    `megarl.rewards.default_compute_score` from it (verl's `default_compute_score`). Before any worker
+    starts, the file is imported in a process of its own and verl's call is bound to the function's
+    signature: a mismatch, or a file that fails, crashes or hangs at import, stops the run there."""
 
     path: str | None = None  # the .py file; None = the rule reward registered for each row's data_source
     name: str = "compute_score"  # the function's name in that file

@@ -41,6 +41,7 @@ from megarl.config.schema import MegarlConfig, RewardModelConfig
 from megarl.protocol import Batch, Col
 from megarl.rewards.calls import Failed, Outcome, call_reward
 from megarl.rewards.custom import RewardError, RewardFunctionError, load_reward_function
+from megarl.rewards.function_check import check_reward_file
 from megarl.rewards.overlong import overlong_penalty
 from megarl.rewards.pool import FunctionSpec, RewardPool
 from megarl.rewards.registry import (
@@ -70,13 +71,16 @@ class RewardComputer:
         self.function: RewardFn | None = None
         self.function_desc = "the rule reward"
         self._spec: FunctionSpec | None = None  # how a reward worker finds the function
-        if reward.function.path:
-            self.function = load_reward_function(reward.function.path, reward.function.name)
-            self.function_desc = f"reward function {reward.function.name} from {reward.function.path}"
-            self._spec = FunctionSpec.file(reward.function.path, reward.function.name)
         self.timeout_s = reward.timeout_s
         self.max_error_fraction = reward.max_error_fraction
         self.workers = default_workers() if reward.workers is None else reward.workers
+        if reward.function.path:
+            # imported and its signature checked in a process of its own: a crash at import fails here
+            check_reward_file(reward.function.path, reward.function.name)
+            self.function_desc = f"reward function {reward.function.name} from {reward.function.path}"
+            self._spec = FunctionSpec.file(reward.function.path, reward.function.name)
+            if self.workers == 0:  # the user chose the driver process: import it here
+                self.function = load_reward_function(reward.function.path, reward.function.name)
         self._pool: RewardPool | None = None
         self.overlong = reward.overlong_buffer
         if self.overlong.enable and max_response_length is None:
@@ -91,9 +95,14 @@ class RewardComputer:
         self.function, self.function_desc, self._spec = fn, description, None
 
     @property
+    def custom_function(self) -> bool:
+        """Whether a function of the user's (reward.function, or `use_function`) scores every row."""
+        return self.function is not None or (self._spec is not None and self._spec.kind == "file")
+
+    @property
     def needs_ground_truth(self) -> bool:
         """Whether the rows need a ground truth: the rule rewards compare the answer with it."""
-        return self.weight(FUNCTION) != 0 and self.function is None
+        return self.weight(FUNCTION) != 0 and not self.custom_function
 
     def start(self) -> None:
         """Start the reward worker processes now (else the first `score` does): they load the function
@@ -142,7 +151,7 @@ class RewardComputer:
     def check_data_sources(self, data_sources: Iterable[str], where: str = "the batch") -> None:
         """Raise `RewardError` when a data_source has no reward and no reward.function is set; call it on
         the datasets' `data_sources` before training starts."""
-        if self.function is not None or self.weight(FUNCTION) == 0:
+        if self.custom_function or self.weight(FUNCTION) == 0:
             return
         for source in data_sources:
             if reward_for(source) is None:
@@ -214,7 +223,7 @@ class RewardComputer:
         sources = _column(batch, "data_source", n, "")
         truths = _ground_truths(batch, n)
         infos = _column(batch, "extra_info", n, None)
-        if self.function is None:
+        if not self.custom_function:
             for row, source in enumerate(sources):
                 if reward_for(str(source)) is None:
                     raise RewardError(_unknown_source(str(source), _row_name(batch, row)))
@@ -272,6 +281,8 @@ class RewardComputer:
         if pool is not None:
             outcomes = pool.run(calls, stop)
         else:
+            if self.function is None and self._spec is not None and self._spec.kind == "file":
+                self.function = self._spec.load()  # a file's function that workers were to run
             fn = self.function or default_compute_score
             outcomes = []
             for kwargs in calls:
@@ -334,12 +345,19 @@ def default_workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) // max(1, local_ranks)))
 
 
+_VERL_ONLY = {"numina_": "prime_math grader", "hiyouga/geometry3k": "mathruler grader"}  # not in megarl yet
+
+
 def _unknown_source(source: str, where: str) -> str:
+    verl = next((how for prefix, how in _VERL_ONLY.items() if source.startswith(prefix)), None)
+    note = (
+        f"; verl scores it with its {verl}, which megarl does not have (docs/verl-rewards.md)" if verl else ""
+    )
     return (
-        f"no reward for data_source {source!r} ({where}) and reward.function.path is not set; set "
+        f"no reward for data_source {source!r} ({where}) and reward.function.path is not set{note}; set "
         "reward.function.path=/path/to/reward.py (defining compute_score(data_source, solution_str, "
         f"ground_truth, extra_info=None)) or use a known data_source: {', '.join(known_data_sources())} "
-        "(or any name containing 'countdown')"
+        "(or any name starting with 'aime' or containing 'countdown')"
     )
 
 

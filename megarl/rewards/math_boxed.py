@@ -1,23 +1,29 @@
 """MATH-style answers (`lighteval/MATH` and kin): the last `\\boxed{...}` of the response, compared with the
 ground truth after Hendrycks' answer normalisation (the `is_equiv` of the MATH paper, as verl uses it).
 
-Normalisation removes spaces, `\\left`/`\\right`, `\\!`, degrees, dollar and percent signs and trailing
-`\\text{units}`; writes `tfrac`/`dfrac` as `frac`, `\\frac12` as `\\frac{1}{2}`, `\\sqrt2` as `\\sqrt{2}`,
-`3/4` as `\\frac{3}{4}` and `0.5` as `\\frac{1}{2}`; adds the 0 of `.5`; and drops a short `x =` prefix.
+Normalisation removes spaces, `\\left`/`\\right`, `\\!`, degrees, `\\$`, `\\%` (a bare `%` stays) and
+trailing `\\text{ units}`; writes `tfrac`/`dfrac` as `frac`, `\\frac12` as `\\frac{1}{2}`, `\\sqrt2` as
+`\\sqrt{2}`, `3/4` as `\\frac{3}{4}` and `0.5` as `\\frac{1}{2}`; adds the 0 of `.5`; and drops a short `x =`
+prefix. Where a step of it fails on a malformed answer (a second `\\text{ `, a `\\sqrt` or `\\frac` at the
+end) the two answers are compared as written, as verl does. Only `\\boxed{...}` and `\\boxed x` answers count: an
+answer in `\\fbox{...}` scores 0, as in verl (its `remove_boxed` accepts `\\boxed` only).
 """
 
 from __future__ import annotations
 
+from megarl.errors import MegarlError
+
 
 def last_boxed_only_string(text: str) -> str | None:
-    """The last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed x`) of `text`, braces balanced; None if none."""
+    """The answer box of `text`: the part after its last `\\boxed ` (up to a `$`) when it has one, else its
+    last `\\boxed{...}` (or, with no `\\boxed`, `\\fbox{...}`), braces balanced; None if none."""
+    if "\\boxed " in text:
+        return "\\boxed " + text.split("\\boxed ")[-1].split("$")[0]
     start = text.rfind("\\boxed")
     if start < 0:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
-    if text.startswith("\\boxed ", start):
-        return "\\boxed " + text[start + len("\\boxed ") :].split("$")[0]
     depth = 0
     for i in range(start, len(text)):
         if text[i] == "{":
@@ -30,13 +36,16 @@ def last_boxed_only_string(text: str) -> str | None:
 
 
 def remove_boxed(boxed: str) -> str | None:
-    """The content of `\\boxed{content}` / `\\boxed content`; None when `boxed` is neither."""
-    if boxed.startswith("\\boxed "):
-        return boxed[len("\\boxed ") :]
-    for left in ("\\boxed{", "\\fbox{"):
-        if boxed.startswith(left) and boxed.endswith("}"):
-            return boxed[len(left) : -1]
+    """The content of `\\boxed{content}` / `\\boxed content`; None for anything else (`\\fbox{...}` included)."""
+    if "\\boxed " in boxed:
+        return boxed[len("\\boxed ") :] if boxed.startswith("\\boxed ") else None
+    if boxed.startswith("\\boxed{") and boxed.endswith("}"):
+        return boxed[len("\\boxed{") : -1]
     return None
+
+
+class _Malformed(MegarlError, ValueError):
+    """A normalisation step that cannot read the answer: the answers are compared as written."""
 
 
 def _fix_fracs(s: str) -> str:
@@ -45,6 +54,8 @@ def _fix_fracs(s: str) -> str:
     out = first
     for part in parts:
         out += "\\frac"
+        if not part:
+            raise _Malformed("\\frac at the end")
         if part.startswith("{"):
             out += part
         elif len(part) < 2:
@@ -69,7 +80,10 @@ def _fix_a_slash_b(s: str) -> str:
 
 def _remove_right_units(s: str) -> str:
     if "\\text{ " in s:
-        return s.split("\\text{ ")[0]
+        before, *after = s.split("\\text{ ")
+        if len(after) != 1:
+            raise _Malformed("more than one \\text{ ")
+        return before
     return s
 
 
@@ -79,7 +93,9 @@ def _fix_sqrt(s: str) -> str:
     parts = s.split("\\sqrt")
     out = parts[0]
     for part in parts[1:]:
-        out += f"\\sqrt{{{part[0]}}}{part[1:]}" if part and part[0] != "{" else f"\\sqrt{part}"
+        if not part:
+            raise _Malformed("\\sqrt at the end")
+        out += f"\\sqrt{{{part[0]}}}{part[1:]}" if part[0] != "{" else f"\\sqrt{part}"
     return out
 
 
@@ -99,7 +115,7 @@ def strip_string(s: str) -> str:
     ):
         s = s.replace(old, new)
     s = _remove_right_units(s)
-    s = s.replace("\\%", "").replace("%", "")
+    s = s.replace("\\\\%", "").replace("\\%", "")
     s = s.replace(" .", " 0.").replace("{.", "{0.")
     if not s:
         return s
@@ -121,7 +137,7 @@ def is_equiv(a: str | None, b: str | None) -> bool:
         return a is None and b is None
     try:
         return strip_string(a) == strip_string(b)
-    except Exception:  # noqa: BLE001 - a malformed answer compares as written (the reference's fallback)
+    except _Malformed:  # compared as written (the reference's fallback)
         return a == b
 
 

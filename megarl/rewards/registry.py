@@ -1,5 +1,11 @@
 """Rule rewards by `data_source`, under verl's names, and verl's `default_compute_score` entry.
 
+A user's reward file that falls back to verl's `default_compute_score` for some rows imports megarl's
+under that name: `from megarl.rewards import default_compute_score` (same call; docs/verl-rewards.md).
+verl's sources scored here: openai/gsm8k; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval,
+HuggingFaceH4/MATH-500; math_dapo, math, math_dapo_reasoning, aime*; codecontests, apps, codeforces, taco;
+searchR1_*. Not yet: numina_* (verl's prime_math) and hiyouga/geometry3k (mathruler).
+
 Every reward function has verl's signature, `fn(data_source, solution_str, ground_truth, extra_info=None)
 -> float | dict`. `register_reward("my/source")` adds one; `reward_for(data_source)` finds one (exact
 name first, then the name patterns verl and TinyZero match: any name containing "countdown").
@@ -11,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from megarl.errors import EXIT_USAGE, MegarlError
-from megarl.rewards import countdown, digits, gsm8k, math_boxed
+from megarl.rewards import code_tests, countdown, digits, gsm8k, math_boxed, math_dapo, qa_em
 
 RewardFn = Callable[..., float | dict[str, Any]]
 
@@ -39,15 +45,23 @@ def register_reward(*data_sources: str) -> Callable[[RewardFn], RewardFn]:
 
 
 def known_data_sources() -> list[str]:
-    """The registered data_source names, sorted (plus any name containing "countdown")."""
+    """The registered data_source names, sorted (plus any name starting with "aime" or containing
+    "countdown")."""
     return sorted(_REWARDS)
 
 
 def reward_for(data_source: str) -> RewardFn | None:
-    if data_source in _REWARDS:
-        return _REWARDS[data_source]
+    return _lookup(_REWARDS, data_source)
+
+
+def _lookup(rules: dict[str, RewardFn], data_source: str) -> RewardFn | None:
+    """Exact name first, then verl's prefixes (aime*) and TinyZero's pattern (any name with "countdown")."""
+    if data_source in rules:
+        return rules[data_source]
+    if data_source.startswith("aime"):
+        return rules.get("math_dapo")
     if "countdown" in data_source:
-        return _REWARDS["countdown"]
+        return rules.get("countdown")
     return None
 
 
@@ -61,9 +75,7 @@ class RuleRewards:
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
     ) -> float | dict[str, Any]:
-        fn = self.rules.get(data_source)
-        if fn is None and "countdown" in data_source:
-            fn = self.rules["countdown"]
+        fn = _lookup(self.rules, data_source)
         if fn is None:
             raise UnknownDataSource(f"no rule reward for data_source {data_source!r}")
         return fn(
@@ -117,3 +129,28 @@ def _countdown(
 @register_reward("megarl/digits_sort", "megarl/digits_reverse", "megarl/digits_add")
 def _digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
     return digits.compute_score(solution_str, _truth(ground_truth, data_source))
+
+
+@register_reward("math_dapo", "math", "math_dapo_reasoning")  # and any name starting with "aime"
+def _math_dapo(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict[str, Any]:
+    return math_dapo.compute_score(solution_str, str(_truth(ground_truth, data_source)))
+
+
+@register_reward("codecontests", "apps", "codeforces", "taco")
+def _code(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
+    return code_tests.compute_score(solution_str, _truth(ground_truth, data_source))
+
+
+SEARCH_R1_SOURCES = tuple(
+    f"searchR1_{name}"
+    for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+)
+
+
+@register_reward(*SEARCH_R1_SOURCES)
+def _search_r1(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float:
+    return qa_em.compute_score(solution_str, _truth(ground_truth, data_source))

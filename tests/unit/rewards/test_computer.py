@@ -93,7 +93,10 @@ def test_a_raising_reward_gives_that_row_zero_counts_it_and_logs_one_traceback(t
         """,
     )
     computer = RewardComputer(
-        RewardModelConfig(function=RewardFunctionConfig(path=path, name="score_it"), max_error_fraction=1.0),
+        # one worker: with two, row 2's failure can come back before row 1's (which one is logged first)
+        RewardModelConfig(
+            function=RewardFunctionConfig(path=path, name="score_it"), max_error_fraction=1.0, workers=1
+        ),
         tokenizer,
     )
     batch = rollout(tokenizer, ["ok", "boom", "boom"], ["s"] * 3, ["x"] * 3)
@@ -148,8 +151,12 @@ def test_unknown_data_source_without_a_function_names_source_row_and_fix(tokeniz
         "no reward for data_source 'my/private_set' (batch row 1, dataset row 11) and reward.function.path is "
         "not set; set reward.function.path=/path/to/reward.py (defining compute_score(data_source, solution_str, "
         f"ground_truth, extra_info=None)) or use a known data_source: {', '.join(known_data_sources())} (or any "
-        "name containing 'countdown')"
+        "name starting with 'aime' or containing 'countdown')"
     )
+    with pytest.raises(
+        RewardError, match="verl scores it with its prime_math grader, which megarl does not have"
+    ):
+        computer.check_data_sources(["numina_olympiads"], "data.train_files")
     with pytest.raises(
         RewardError, match=r"^no reward for data_source 'my/private_set' \(data.train_files\)"
     ):

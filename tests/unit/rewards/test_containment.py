@@ -141,18 +141,25 @@ def test_a_reward_that_hangs_on_every_row_stops_the_run_without_waiting_for_them
     )
 
 
-def test_a_step_where_every_row_fails_stops_at_any_max_error_fraction(misbehaving, tokenizer):
+def test_a_step_where_every_row_fails_stops_at_any_max_error_fraction(misbehaving, tokenizer, caplog):
     cfg = RewardModelConfig(
         function=RewardFunctionConfig(path=misbehaving), max_error_fraction=1.0, workers=1
     )
     computer = RewardComputer(cfg, tokenizer)
     try:
-        with pytest.raises(
-            RewardFunctionError, match=r"failed on 2 of 2 rows .*allows 2\); the first, batch row 0"
-        ):
-            computer.score(rollout(tokenizer, ["exit", "raise"], ["s"] * 2, ["x"] * 2))
+        with caplog.at_level(logging.WARNING, logger="megarl.rewards"):
+            with pytest.raises(
+                RewardFunctionError, match=r"failed on 2 of 2 rows .*allows 2\); the first, batch row 0"
+            ):
+                computer.score(rollout(tokenizer, ["exit", "raise"], ["s"] * 2, ["x"] * 2))
     finally:
         computer.close()
+    # the first failure's traceback, from the reward worker, is in the log the error points to
+    (record,) = caplog.records
+    assert "the reward function called sys.exit(3)" in record.getMessage()
+    assert (
+        "Traceback (most recent call last):" in record.getMessage() and "sys.exit(3)" in record.getMessage()
+    )
 
 
 def test_in_the_driver_process_sys_exit_is_a_counted_error_not_an_exit(misbehaving, tokenizer):

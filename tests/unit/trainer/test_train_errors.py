@@ -134,3 +134,22 @@ def test_megarl_sft_with_verl_keys_names_the_missing_nested_column(capsys, caplo
         "split, index" in err
     ), err
     assert "Rows need the prompt at extra_info.question and the response at extra_info.answer" in err, err
+
+
+@pytest.mark.parametrize("launcher", ["ray", "torchrun"])
+def test_verls_gsm8k_scorer_as_reward_function_stops_before_ray_or_torchrun(
+    capsys, overrides, tmp_path, launcher
+):
+    scorer = tmp_path / "gsm8k.py"  # verl's verl/utils/reward_score/gsm8k.py signature: no data_source
+    scorer.write_text(
+        "def compute_score(solution_str, ground_truth, method='strict', format_score=0.0, score=1.0):\n"
+        "    return 0.0\n"
+    )
+    _fails(
+        capsys,
+        [*overrides, f"reward.function.path={scorer}", f"trainer.launcher={launcher}"],
+        f"megarl train: error: reward.function.name=compute_score in reward.function.path={scorer} cannot be "
+        "called as verl and megarl call it",
+        "has no parameter data_source or extra_info. This is one of verl's per-source scorers",
+    )
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
