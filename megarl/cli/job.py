@@ -58,6 +58,14 @@ def run_command(args: argparse.Namespace) -> int:
 
 def run(config: str, overrides: list[str], job: str = "train") -> int:
     """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
+    try:
+        return _checked_run(config, overrides, job)
+    except KeyboardInterrupt:  # Ctrl-C while the inputs are checked (the run's own handler stops workers)
+        print(f"megarl {job}: interrupted while checking its inputs; nothing was started", file=sys.stderr)
+        return 130
+
+
+def _checked_run(config: str, overrides: list[str], job: str) -> int:
     from megarl.cli.torchrun import relaunch_with_torchrun, under_torchrun
     from megarl.config import load_config
     from megarl.config.validate_algorithm import RL_ALGORITHMS

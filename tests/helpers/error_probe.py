@@ -337,9 +337,9 @@ def _read_only_output(ws: Workspace) -> list[str]:
 
 
 def _sigint_reward(ws: Workspace) -> list[str]:
-    """Ctrl-C while `megarl train` loads its inputs: a real SIGINT to this process (sent by the reward
-    file as it is imported)."""
-    text = "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n"
+    """Ctrl-C while `megarl train` loads its inputs: a real SIGINT to this process, sent by the reward file
+    as it is imported in the process that checks it (whose parent is `megarl train`)."""
+    text = "import os, signal, time\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(5)\n"
     return _reward_file(ws, text)
 
 
@@ -1053,7 +1053,7 @@ CASES: list[Case] = [
         "signals",
         "Ctrl-C (a real SIGINT) while `megarl train` loads",
         _sigint_reward,
-        ("megarl: interrupted; every worker was stopped",),
+        ("megarl train: interrupted while checking its inputs; nothing was started",),
         130,
     ),
 ]

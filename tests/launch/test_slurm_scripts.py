@@ -50,12 +50,24 @@ def _wait_for(slurm, job: int, text: str, deadline: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm, tiny_run, tmp_path_factory) -> dict:
+def varied_reward(tmp_path_factory) -> str:
+    """A reward that differs between the samples of a prompt (the random tiny model earns 0 from the digits
+    rule on every one, which would leave GRPO's advantages, the gradients and the weights at 0): then the
+    signalled runs' bit-exact comparison covers the updates too, not only sampling and data order."""
+    path = tmp_path_factory.mktemp("reward") / "parity.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(sum(map(ord, solution_str)) % 2)\n"
+    )
+    return f"reward.function.path={path}"
+
+
+@pytest.fixture(scope="module")
+def reference(slurm, tiny_run, varied_reward, tmp_path_factory) -> dict:
     """torchrun.sbatch's two steps on two nodes, uninterrupted; what listens while it trains."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    job = slurm.sbatch(
-        SCRIPTS / "torchrun.sbatch", [str(CONFIG), *run_overrides(tiny_run, out)], env=_job_env(), nodes=2
-    )
+    overrides = run_overrides(tiny_run, out, varied_reward)
+    job = slurm.sbatch(SCRIPTS / "torchrun.sbatch", [str(CONFIG), *overrides], env=_job_env(), nodes=2)
     deadline = time.monotonic() + JOB_TIMEOUT_S
     _wait_for(slurm, job, TRAINING, deadline)
     # torchrun on each node and the ranks (not srun, whose own I/O ports are SLURM's)
@@ -95,14 +107,14 @@ def test_torchrun_sbatch_runs_two_steps_on_two_nodes_its_store_on_the_rendezvous
     assert_nothing_left(str(out))
 
 
-def _signalled_run(slurm, tiny_run, tmp_path, script: str) -> tuple[int, str]:
+def _signalled_run(slurm, tiny_run, varied_reward, tmp_path, script: str) -> tuple[int, str]:
     """`script` on two nodes, warned by SIGUSR1 as SLURM warns (`scancel --signal=USR1 --batch`) in step 1:
     it requeues, and its rerun resumes from step_1 and completes; returns the job and its log (both
     runs')."""
     out = tmp_path / "run"
     job = slurm.sbatch(
         SCRIPTS / script,
-        [str(CONFIG), *run_overrides(tiny_run, out)],
+        [str(CONFIG), *run_overrides(tiny_run, out, varied_reward)],
         env=_job_env(),
         nodes=2,
         open_mode="append",
@@ -129,31 +141,32 @@ def _signalled_run(slurm, tiny_run, tmp_path, script: str) -> tuple[int, str]:
 def _assert_equals_reference(reference: dict, out) -> None:
     expected, actual = jsonl_history(reference["out"]), jsonl_history(out)
     assert sorted(actual) == sorted(expected) == [1, 2]
+    assert all(expected[step]["actor/grad_norm"] > 0 for step in expected)  # the weights moved
     for step in expected:
         assert "actor/pg_loss" in assert_same_metrics(expected[step], actual[step]), step
 
 
 def test_sigusr1_in_step_1_checkpoints_and_requeues_a_torchrun_job_whose_rerun_equals_the_reference(
-    slurm, tiny_run, tmp_path, reference
+    slurm, tiny_run, varied_reward, tmp_path, reference
 ):
     """torchrun.sbatch (#SBATCH --signal=B:USR1@120, --requeue) gets SLURM's time-limit warning in step
     1: the script passes it to every rank (torchrun too), which finish the step, save it and exit 75,
     rank 0 with one line; the script requeues the job, whose rerun resumes from step_1, trains step 2
     and completes: both steps equal the uninterrupted reference's bit for bit."""
-    job, log = _signalled_run(slurm, tiny_run, tmp_path, "torchrun.sbatch")
+    job, log = _signalled_run(slurm, tiny_run, varied_reward, tmp_path, "torchrun.sbatch")
     assert "megarl torchrun.sbatch: SIGUSR1 received; the ranks finish their step and save it" in log
     _assert_equals_reference(reference, tmp_path / "run")
 
 
 def test_sigusr1_in_step_1_checkpoints_and_requeues_a_ray_job_whose_rerun_equals_the_reference(
-    slurm, tiny_run, tmp_path, reference
+    slurm, tiny_run, varied_reward, tmp_path, reference
 ):
     """ray.sbatch gets SLURM's SIGUSR1 in step 1: the script passes it to the trainer, which finishes the
     step, saves it and exits 75 with one line (no Ray crash dump); the script tears Ray down and requeues
     the job, whose rerun resumes from step_1 and completes: both steps equal the torchrun reference's bit
     for bit (the same layout and data); no Ray process is left."""
     before = ray_processes()
-    job, log = _signalled_run(slurm, tiny_run, tmp_path, "ray.sbatch")
+    job, log = _signalled_run(slurm, tiny_run, varied_reward, tmp_path, "ray.sbatch")
     assert "SIGTERM received" not in log and "SIGUSR1 received; the trainer finishes its step" in log
     _assert_equals_reference(reference, tmp_path / "run")
     assert_no_new_ray_processes(before)
