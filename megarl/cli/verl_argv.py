@@ -12,9 +12,10 @@ HYDRA_CONFIG_FLAGS = ("--config-path", "--config-name", "--config-dir", "-cp", "
 
 
 def split_config(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
-    """(the YAML path or None, the overrides): a first argument that is `key=value` and no file is an
-    override, as on verl's command line."""
-    if config is not None and "=" in config and not os.path.isfile(config):
+    """(the YAML path or None, the overrides): a first argument that is `key=value` (or hydra's `~key`)
+    and no file is an override, as on verl's command line."""
+    hydra_delete = config is not None and config.startswith("~") and "/" not in config
+    if config is not None and ("=" in config or hydra_delete) and not os.path.isfile(config):
         return None, [config, *overrides]
     return config, list(overrides)
 

@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from megarl.config.errors import ConfigError
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
-from megarl.config.verl_keys import command_line_rules, flatten, translate_leaves
+from megarl.config.verl_keys import command_line_rules, flatten, translate_leaves, verl_hint
 
 __all__ = ["ConfigError", "config_from", "config_to_yaml", "load_config", "settings_as_megarl", "validate"]
 
@@ -192,7 +192,15 @@ def _parse_override(item: str, problems: list[str]) -> dict[str, Any] | None:
         )
         return None
     item = item.lstrip("+")
-    key, sep, _ = item.partition("=")
+    key, sep, value = item.partition("=")
+    if (
+        len(value) > 3
+        and value[0] == value[-1]
+        and value[0] in "'\""
+        and value[1] == "["
+        and value[-2] == "]"
+    ):
+        item = f"{key}={value[1:-1]}"  # key='[a,b]' with the shell's quotes kept (a launcher's argv): a list
     if not sep or not key.strip():
         problems.append(f"override '{item}' is not key=value; write e.g. actor.parallel.tp=2")
         return None
@@ -291,6 +299,9 @@ _RENAMED = {
 def _unknown_key(key: str, name: str, siblings: list[str], prefix: str) -> str:
     if key in _RENAMED:
         return f"unknown key '{key}' — it was split/renamed: use {_RENAMED[key]}"
+    verl = verl_hint(key)
+    if verl:
+        return f"unknown key '{key}' — did you mean {verl}?"
     close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
     if close:
         return f"unknown key '{key}' — did you mean '{prefix}{close[0]}'?"

@@ -12,6 +12,7 @@ rank for the micro-batch sizes).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 import typing
 from collections.abc import Callable
@@ -215,11 +216,16 @@ def _megatron(verl: str, role: str) -> list[VerlKey]:
         _x(f"{verl}.forward_only", "set by verl itself"),
         _x(f"{verl}.dtype", "megarl's dtype is model.dtype"),
     ]
-    if role != "ref":
+    if role in ("actor", "critic"):
         keys += [
             _m(f"{verl}.grad_offload", f"{role}.offload_grads"),
             _m(f"{verl}.optimizer_offload", f"{role}.offload_optimizer"),
             _m(f"{verl}.use_distributed_optimizer", f"{role}.optimizer.use_distributed_optimizer"),
+        ]
+    else:
+        keys += [
+            _x(f"{verl}.{k}", f"megarl's {role} is not trained (no optimizer)")
+            for k in ("grad_offload", "optimizer_offload", "use_distributed_optimizer")
         ]
     return keys
 
@@ -242,11 +248,7 @@ def _ref_megatron() -> list[VerlKey]:
         for k in _megatron(f"{REF}.megatron", "ref")
         if k.megarl is None or k.megarl.endswith("offload_params")
     ]
-    no_optimizer = [
-        _x(f"{REF}.megatron.{k}", "the reference has no optimizer")
-        for k in ("use_distributed_optimizer", "grad_offload", "optimizer_offload")
-    ]
-    return keys + rest + no_optimizer
+    return keys + rest
 
 
 def _fsdp(verl: str, role: str) -> list[VerlKey]:
@@ -740,6 +742,9 @@ _FALLBACK = {
 
 _EXACT = {k.verl: k for k in VERL_KEYS if "*" not in k.verl}
 _PATTERNS = [k for k in VERL_KEYS if "*" in k.verl]
+_MAPPED = {
+    k.verl: k.megarl for k in VERL_KEYS if k.megarl is not None and "*" not in k.verl and k.verl != k.megarl
+}
 # sections only verl has: a key in one that the table does not know is an unknown verl key
 VERL_SECTIONS = (
     "actor_rollout_ref",
@@ -755,6 +760,15 @@ VERL_SECTIONS = (
 def lookup(key: str) -> VerlKey | None:
     """The table's entry for a dotted verl key (exact entries before patterns); None when unknown."""
     return _EXACT.get(key) or next((k for k in _PATTERNS if fnmatch.fnmatchcase(key, k.verl)), None)
+
+
+def verl_hint(key: str) -> str | None:
+    """For a key that is neither megarl's nor verl's: the verl key it is closest to (a typo of verl's
+    name), with its megarl name; None when none is close."""
+    close = difflib.get_close_matches(key, list(_MAPPED), n=1, cutoff=0.85)
+    if not close:
+        return None
+    return f"verl's '{close[0]}' (megarl: {_MAPPED[close[0]]})"
 
 
 def is_megarl_key(key: str) -> bool:
@@ -822,8 +836,10 @@ def translate_leaves(leaves: list[tuple[str, Any]]) -> Translation:
         entry = lookup(key)
         if entry is None:
             if key.split(".")[0] in VERL_SECTIONS:
+                close = difflib.get_close_matches(key, list(_EXACT), n=1, cutoff=0.8)
+                hint = f"did you mean '{close[0]}'? " if close else ""
                 out.problems.append(
-                    f"unknown key '{key}': neither a megarl key nor a verl key megarl knows "
+                    f"unknown key '{key}': neither a megarl key nor a verl key megarl knows; {hint}"
                     "(docs/verl-migration.md lists verl's keys and their megarl names)"
                 )
             else:
