@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megarl.config.schema import MegarlConfig
+from megarl.errors import MegarlError
 
 __all__ = [
     "VERL_KEYS",
@@ -35,7 +36,7 @@ __all__ = [
 DROP = object()  # a transform's answer: this value sets nothing in megarl (verl's "unset" spelling)
 
 
-class Rejected(Exception):
+class Rejected(MegarlError):
     """A verl value megarl cannot honour; the message says why and what to write instead."""
 
 
