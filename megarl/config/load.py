@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from megarl.config.errors import ConfigError
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
-from megarl.config.verl_keys import command_line_rules, flatten, translate_leaves, verl_hint
+from megarl.config.verl_translate import command_line_rules, flatten, translate_leaves, verl_hint
 
 __all__ = ["ConfigError", "config_from", "config_to_yaml", "load_config", "settings_as_megarl", "validate"]
 

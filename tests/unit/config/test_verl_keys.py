@@ -11,7 +11,8 @@ import yaml
 
 from megarl.cli import main
 from megarl.config import ConfigError, load_config, settings_as_megarl
-from megarl.config.verl_keys import VERL_KEYS, is_megarl_key, lookup
+from megarl.config.verl_keys import VERL_KEYS, lookup
+from megarl.config.verl_translate import is_megarl_key
 from tests.helpers.data import verl_row, write_parquet
 from tests.helpers.verl_scripts import SCRIPTS, with_paths
 
