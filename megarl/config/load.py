@@ -128,9 +128,9 @@ def _in_megarl_keys(
         overrides = [overrides]
     leaves: list[tuple[str, Any]] = []
     for item in overrides:
-        tree = _parse_override(item, problems)
-        if tree is not None:
-            leaves += flatten(tree)
+        parsed = _parse_override(item, problems)
+        if parsed is not None:
+            leaves += flatten(parsed)
     layer = translate_leaves(leaves)
     warnings += layer.warnings
     problems += layer.problems

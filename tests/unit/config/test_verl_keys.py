@@ -416,3 +416,13 @@ def test_the_migration_docs_tables_are_the_translation_table(capsys):
     assert rows == [k.verl for k in VERL_KEYS if k.megarl is not None] + [
         k.verl for k in VERL_KEYS if k.megarl is None
     ]
+
+
+def test_megarl_train_takes_a_verl_command_line_without_a_config_file(capsys):
+    """`python3 -m verl.trainer.main_ppo` replaced by `megarl train`: overrides only; a bad key stops it
+    before any process starts (exit 2), naming verl's key."""
+    code = main(["train", "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.optim.lrr=1e-6"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "megarl train: error: invalid megarl config (1 problem):" in err
+    assert "did you mean 'actor_rollout_ref.actor.optim.lr'?" in err
