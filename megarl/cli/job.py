@@ -1,7 +1,9 @@
 """The job runner: load and check a config, run its trainer, and end with the exit code the outcome
 calls for. It serves these commands, and every rank of the torchrun entry (`-m megarl.train`):
 
-megarl train CONFIG [key=value ...]           RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax)
+megarl train [CONFIG] [key=value ...]         RL training (PPO, GRPO, RLOO, REINFORCE++, ReMax);
+                                              verl's keys too: `megarl train key=value ...` runs a verl
+                                              script's overrides
 megarl sft CONFIG [key=value ...]             supervised fine-tuning, writes an HF checkpoint
 megarl dpo|ipo|kto|orpo|simpo CONFIG [...]    offline preference training, writes an HF checkpoint
 megarl rm CONFIG [key=value ...]              reward-model training on preference pairs (Bradley–Terry),
@@ -47,8 +49,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     ]
     for name, what in jobs:
         job = commands.add_parser(name, help=f"{what} from a YAML config")
-        job.add_argument("config", help="YAML file (e.g. configs/quickstart_grpo.yaml)")
-        job.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n=8")
+        job.add_argument(
+            "config", nargs="?", help="YAML file (e.g. configs/quickstart_grpo.yaml); none = the defaults"
+        )
+        job.add_argument("overrides", nargs="*", help="key=value overrides (megarl's or verl's keys)")
         job.set_defaults(func=run_command)
 
 
@@ -56,8 +60,9 @@ def run_command(args: argparse.Namespace) -> int:
     return run(args.config, args.overrides, job=args.command)
 
 
-def run(config: str, overrides: list[str], job: str = "train") -> int:
-    """Load and check the config, then run `job` (one of JOBS); returns the exit code."""
+def run(config: str | None, overrides: list[str], job: str = "train") -> int:
+    """Load and check the config (a YAML path or None; verl's keys are accepted), then run `job` (one of
+    JOBS); returns the exit code."""
     try:
         return _checked_run(config, overrides, job)
     except KeyboardInterrupt:  # Ctrl-C while the inputs are checked (the run's own handler stops workers)
@@ -65,8 +70,9 @@ def run(config: str, overrides: list[str], job: str = "train") -> int:
         return 130
 
 
-def _checked_run(config: str, overrides: list[str], job: str) -> int:
+def _checked_run(config: str | None, overrides: list[str], job: str) -> int:
     from megarl.cli.torchrun import relaunch_with_torchrun, under_torchrun
+    from megarl.cli.verl_argv import split_config
     from megarl.config import load_config
     from megarl.config.validate_algorithm import RL_ALGORITHMS
     from megarl.controller import faults
@@ -74,7 +80,8 @@ def _checked_run(config: str, overrides: list[str], job: str) -> int:
 
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}; use one of {', '.join(JOBS)}")
-    argv = [config, *overrides, "--job", job]
+    config, overrides = split_config(config, overrides)
+    argv = [*([config] if config else []), *overrides, "--job", job]
     try:
         cfg = load_config(config, overrides if job == "train" else [f"algorithm.name={job}", *overrides])
         faults.active()  # a bad MEGARL_FAULT fails here, not inside a worker
@@ -83,7 +90,7 @@ def _checked_run(config: str, overrides: list[str], job: str) -> int:
     if job == "train" and cfg.algorithm.name not in RL_ALGORITHMS:
         name = cfg.algorithm.name
         print(
-            f"megarl train: error: algorithm.name={name} is not RL training; run `megarl {name} {config}`",
+            f"megarl train: error: algorithm.name={name} is not RL training; run `megarl {name} {config or ''}`",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -170,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     """The torchrun entry's command line (`python -m megarl.train CONFIG [key=value ...] [--job JOB]`)."""
     quiet_known_warnings()  # before megatron is imported (its CPU-fallback notices)
     parser = argparse.ArgumentParser(prog="python -m megarl.train")
-    parser.add_argument("config")
+    parser.add_argument("config", nargs="?")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--job", choices=JOBS, default="train", help="what to run (default: RL training)")
     args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
 import typing
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -21,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 from megarl.config.errors import ConfigError
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
+from megarl.config.verl_translate import command_line_rules, flatten, translate_leaves, verl_hint
 
-__all__ = ["ConfigError", "config_from", "config_to_yaml", "load_config", "validate"]
+__all__ = ["ConfigError", "config_from", "config_to_yaml", "load_config", "settings_as_megarl", "validate"]
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 _EXAMPLES = {int: 1, float: 1.0, bool: True, str: "text"}
@@ -85,14 +87,62 @@ def _nest(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _build(trees: list[dict[str, Any]], overrides: Sequence[str], check_paths: bool) -> MegarlConfig:
+def settings_as_megarl(
+    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What the YAML file at `path` and `overrides` set, in megarl's keys (verl's translated), as one
+    nested tree without the defaults: `megarl config show --as-megarl`. Raises `ConfigError` as
+    `load_config` does for keys it cannot translate."""
+    trees, _, problems = _in_megarl_keys([] if path is None else [_read_yaml(os.fspath(path))], overrides)
+    if problems:
+        raise ConfigError(problems)
+    merged: dict[str, Any] = {}
+    for tree in trees:
+        _merge_into(merged, tree)
+    return merged
+
+
+def _merge_into(into: dict[str, Any], tree: dict[str, Any]) -> None:
+    for key, value in tree.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_into(into[key], value)
+        else:
+            into[key] = value
+
+
+def _in_megarl_keys(
+    trees: list[dict[str, Any]], overrides: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """(each tree, then the override list as one more, in megarl's keys; warning lines; problems).
+    verl's keys are translated (megarl.config.verl_keys); the override list is one layer, so a verl key
+    and its megarl twin both given there must agree; then `command_line_rules` apply to it."""
     problems: list[str] = []
+    warnings: list[str] = []
+    out: list[dict[str, Any]] = []
+    for tree in trees:
+        layer = translate_leaves(flatten(tree))
+        out.append(layer.tree)
+        warnings += layer.warnings
+        problems += layer.problems
     if isinstance(overrides, str):
         overrides = [overrides]
+    leaves: list[tuple[str, Any]] = []
     for item in overrides:
-        tree = _parse_override(item, problems)
-        if tree is not None:
-            trees.append(tree)
+        parsed = _parse_override(item, problems)
+        if parsed is not None:
+            leaves += flatten(parsed)
+    layer = translate_leaves(leaves)
+    warnings += layer.warnings
+    problems += layer.problems
+    warnings += command_line_rules(layer, out)
+    out.append(layer.tree)
+    return out, list(dict.fromkeys(warnings)), problems
+
+
+def _build(trees: list[dict[str, Any]], overrides: Sequence[str], check_paths: bool) -> MegarlConfig:
+    trees, warnings, problems = _in_megarl_keys(trees, overrides)
+    for line in warnings:
+        print(f"megarl: {line}", file=sys.stderr, flush=True)
     merged = OmegaConf.structured(MegarlConfig)
     for tree in trees:
         for key, value in _leaves(tree, MegarlConfig, "", problems):
@@ -133,7 +183,24 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _parse_override(item: str, problems: list[str]) -> dict[str, Any] | None:
-    key, sep, _ = item.partition("=")
+    """One `key=value` as a tree. hydra's `+key=value` and `++key=value` (add / force-add a key) are
+    `key=value` here: every megarl key exists, and verl's are translated."""
+    if item.startswith("~"):
+        problems.append(
+            f"override '{item}': hydra's ~key (delete a key) has no meaning in megarl; leave the key out, "
+            "or set it to its default"
+        )
+        return None
+    item = item.lstrip("+")
+    key, sep, value = item.partition("=")
+    if (
+        len(value) > 3
+        and value[0] == value[-1]
+        and value[0] in "'\""
+        and value[1] == "["
+        and value[-2] == "]"
+    ):
+        item = f"{key}={value[1:-1]}"  # key='[a,b]' with the shell's quotes kept (a launcher's argv): a list
     if not sep or not key.strip():
         problems.append(f"override '{item}' is not key=value; write e.g. actor.parallel.tp=2")
         return None
@@ -232,6 +299,9 @@ _RENAMED = {
 def _unknown_key(key: str, name: str, siblings: list[str], prefix: str) -> str:
     if key in _RENAMED:
         return f"unknown key '{key}' — it was split/renamed: use {_RENAMED[key]}"
+    verl = verl_hint(key)
+    if verl:
+        return f"unknown key '{key}' — did you mean {verl}?"
     close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
     if close:
         return f"unknown key '{key}' — did you mean '{prefix}{close[0]}'?"

@@ -12,8 +12,9 @@ import psutil
 import pytest
 import torch
 
+from megarl.config import load_config
 from megarl.trainer.rl_trainer import RLTrainer
-from tests.helpers.rl_runs import GRPO, LOGPROB_TOLERANCE, SMALL_STEP, run, steps
+from tests.helpers.rl_runs import GRPO_CONFIG, LOGPROB_TOLERANCE, SMALL_STEP, run, steps
 from tests.helpers.run_files import (
     assert_same_as_jsonl,
     image_stats,
@@ -21,6 +22,7 @@ from tests.helpers.run_files import (
     tensorboard_history,
     wandb_history,
 )
+from tests.helpers.verl_scripts import GRPO_QWEN2_7B, with_paths
 
 pytestmark = pytest.mark.e2e
 
@@ -108,17 +110,51 @@ def test_a_profiled_step_has_a_trace_and_call_times_for_every_rank(grpo_run):
     assert not (out / "profile" / "step_1").exists()
 
 
-def test_actor_tp2_generates_the_same_tokens_and_step_one_loss_as_tp1(grpo_run, rl_setup, tmp_path):
+# verl's examples/grpo_trainer/run_qwen2-7b.sh as shipped but for its paths and sizes (GRPO's, one CPU
+# machine), plus the Megatron TP it lacks: the verl command line drives this run (issue 40)
+VERL_SIZES = {
+    "data.train_batch_size": "32",
+    "data.max_prompt_length": "32",
+    "data.max_response_length": "8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "32",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "32",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "32",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",
+    "actor_rollout_ref.rollout.n": "8",
+    "trainer.n_gpus_per_node": "2",
+}
+
+
+def verl_script_overrides(rl_setup, out: Path) -> list[str]:
+    paths = {"model": rl_setup.sft_model, "train": rl_setup.data / "train.parquet"}
+    script = with_paths(GRPO_QWEN2_7B, **paths, test=rl_setup.data / "val.parquet")
+    sized = [
+        f"{k}={VERL_SIZES[k]}" if k in VERL_SIZES else item for item in script for k in [item.split("=")[0]]
+    ]
+    assert len(sized) == len(GRPO_QWEN2_7B)
+    return [
+        *sized,
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={out}",
+        "logging.report=false",
+    ]
+
+
+def test_verl_grpo_script_at_actor_tp2_generates_the_same_tokens_and_step_one_loss_as_tp1(
+    grpo_run, rl_setup, tmp_path
+):
+    """verl's GRPO script's overrides (paths and sizes changed) for 2 steps at actor TP2: step one equals
+    the megarl-keyed TP1 run's (its lr differs, which step one's loss and gradient do not see)."""
     history, responses = grpo_run.history, grpo_run.responses
-    cfg = rl_setup.grpo_config(
-        tmp_path,
-        *GRPO,
-        "trainer.total_steps=1",
-        "actor.parallel.tp=2",
-        "rollout.tp=1",
-    )
-    tp2_history, tp2_responses = run(cfg)
+    cfg = load_config(GRPO_CONFIG, verl_script_overrides(rl_setup, tmp_path))
+    assert (cfg.actor.parallel.tp, cfg.rollout.tp, cfg.algorithm.name) == (2, 1, "grpo")
+    assert cfg.actor.optimizer.lr == 1e-6 and cfg.logging.backends == ["console", "wandb"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        tp2_history, tp2_responses = run(cfg)
     assert torch.equal(tp2_responses[0], responses[0])
+    assert len(steps(tp2_history)) == 2
     tp1, tp2 = steps(history)[0], steps(tp2_history)[0]
     assert tp2["actor/pg_loss"] == pytest.approx(tp1["actor/pg_loss"], rel=1e-5, abs=1e-6)
     assert tp2["actor/kl_loss"] == pytest.approx(tp1["actor/kl_loss"], rel=1e-5, abs=1e-7)

@@ -140,7 +140,11 @@ INVALID = [
     (["data.train_files=[prompts.csv]"], ["data.train_files[0]=prompts.csv has an unsupported format"]),
     (["algorithm.clip_ratio_low=0"], ["algorithm.clip_ratio_low=0.0 must be in (0, 1)"]),
     (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5 must be in [0, 1]"]),
-    (["algorithm.adv_estimator=gae"], ["algorithm.adv_estimator=gae contradicts algorithm.name=grpo"]),
+    # the estimator alone picks the algorithm (verl's rule, megarl.config.verl_keys); both given contradict
+    (
+        ["algorithm.name=grpo", "algorithm.adv_estimator=gae"],
+        ["algorithm.adv_estimator=gae contradicts algorithm.name=grpo"],
+    ),
     (
         ["algorithm.name=ppo", "algorithm.adv_estimator=gae", "critic.enable=false"],
         ["adv_estimator=gae needs a value model but critic.enable=false", "set critic.enable=true"],
@@ -170,7 +174,7 @@ INVALID = [
         ],
     ),
     (
-        ["algorithm.adv_estimator=rloo"],
+        ["algorithm.name=grpo", "algorithm.adv_estimator=rloo"],
         ["adv_estimator=rloo contradicts algorithm.name=grpo (which uses grpo or"],
     ),
     (["algorithm.adv_estimator=drgrpo", "rollout.n=1"], ["rollout.n=1 but algorithm.adv_estimator=drgrpo"]),
