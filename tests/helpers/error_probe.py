@@ -403,9 +403,12 @@ CASES: list[Case] = [
     Case(
         "C08",
         "config",
-        "a verl key (`actor_rollout_ref.rollout.n=8`; a verl key translation is being added, this wording may change)",
-        lambda ws: ws.show("actor_rollout_ref.rollout.n=8"),
-        ("unknown key 'actor_rollout_ref'",),
+        "a misspelled verl key (`actor_rollout_ref.actor.optim.lrr=1e-6`; verl's own keys are translated)",
+        lambda ws: ws.show("actor_rollout_ref.actor.optim.lrr=1e-6"),
+        (
+            "unknown key 'actor_rollout_ref.actor.optim.lrr': neither a megarl key nor a verl key megarl knows; "
+            "did you mean 'actor_rollout_ref.actor.optim.lr'?",
+        ),
         2,
     ),
     Case(
