@@ -1,6 +1,7 @@
 """Megatron policy, reference, critic and reward-model workers on 4 ranks against transformers fp32.
 
-One torchrun launch (tests/multiproc/policy_checks.py) runs every layout; the tests read its report.
+One torchrun launch (tests/multiproc/policy_checks.py) runs every layout and every batching variant; the
+tests read its report.
 """
 
 import pytest
@@ -11,19 +12,21 @@ LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]
 LOG_PROB_TOL = 2e-5
 
 
-def _launch(torchrun, tiny_models, tiny_reward_models, part: str) -> dict:
-    args = [tiny_models["qwen2"], tiny_reward_models["llama"], part]
-    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=300).results[0]
+@pytest.fixture(scope="module")
+def launch(torchrun, tiny_models, tiny_reward_models) -> dict:
+    """Both parts of policy_checks in one launch (a launch costs more than a part)."""
+    args = [tiny_models["qwen2"], tiny_reward_models["llama"], "layouts,batching"]
+    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=500).results[0]
 
 
 @pytest.fixture(scope="module")
-def checks(torchrun, tiny_models, tiny_reward_models):
-    return _launch(torchrun, tiny_models, tiny_reward_models, "layouts")
+def checks(launch) -> dict:
+    return {layout: launch[layout] for layout in LAYOUTS}
 
 
 @pytest.fixture(scope="module")
-def batching(torchrun, tiny_models, tiny_reward_models):
-    return _launch(torchrun, tiny_models, tiny_reward_models, "batching")
+def batching(launch) -> dict:
+    return {k: v for k, v in launch.items() if k not in LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
