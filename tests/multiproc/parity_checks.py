@@ -1,5 +1,5 @@
-"""Rank code for test_parity: the three megarl.models.verify runs of the test in one 4-rank launch (a
-launch costs more than a run in it). argv: a JSON object {part: verify's argv} with the parts "lm" (run
+"""Rank code for test_parity (4 ranks): the three megarl.models.verify runs of the test, one after the
+other in the same processes (a launch costs more than a run in it). argv: a JSON object {part: verify's argv} with the parts "lm" (run
 with Megatron's linear layers through OpenBLAS, MEGARL_CPU_GEMM=openblas), "scalar" and "rope" (the
 default choice, as a user's run makes it). Every result row gets its part's name under "part".
 """

@@ -1,5 +1,6 @@
-"""Megatron vs transformers (fp32, CPU): logits, loss and every gradient, at every layout. One 4-rank
-launch (tests/multiproc/parity_checks.py) runs the LM families, the scalar heads and the RoPE scalings."""
+"""Megatron vs transformers (fp32, CPU): logits, loss and every gradient, at every layout. One rank
+program (tests/multiproc/parity_checks.py, in the 4-rank launch shared with other modules:
+tests/multiproc/conftest.py) runs the LM families, the scalar heads and the RoPE scalings."""
 
 import json
 import re
@@ -7,19 +8,19 @@ import re
 import pytest
 
 from tests.conftest import FAMILIES
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
 LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
 
 
-@pytest.fixture(scope="module")
-def parity_launch(tiny_models, tiny_reward_models, torchrun, tmp_path_factory) -> dict[str, list[dict]]:
-    """{part: verify's result rows}: "lm" (every family at every layout), "scalar" (the reward models at
-    SCALAR_LAYOUTS) and "rope" (two RoPE scalings at TP2, 64 tokens), all in one launch."""
+def _argv(request) -> list[str]:
+    """parity_checks' argv: verify's arguments of "lm" (every family at every layout), "scalar" (the
+    reward models at SCALAR_LAYOUTS) and "rope" (two RoPE scalings at TP2, 64 tokens)."""
     from megarl.models.tiny import build_tiny_hf
 
-    root = tmp_path_factory.mktemp("rope")
+    root = request.getfixturevalue("tmp_path_factory").mktemp("rope")
     rope_models = [
         build_tiny_hf(root / name, initializer_range=0.1, max_position_embeddings=16384, rope_parameters=rope)
         for name, rope in ROPE_SCALING.items()
@@ -28,15 +29,25 @@ def parity_launch(tiny_models, tiny_reward_models, torchrun, tmp_path_factory) -
     def hf_args(paths) -> list[str]:
         return [str(a) for path in paths for a in ("--hf", path)]
 
+    lm, scalar = request.getfixturevalue("tiny_models"), request.getfixturevalue("tiny_reward_models")
     parts = {
         # Megatron's linear layers through OpenBLAS (megarl.models.cpu_gemm), the choice on AMD CPUs, on
         # any CPU: HF's reference multiplies with torch's MKL, and torch's path is megatron's own code.
-        "lm": [*hf_args(tiny_models.values()), "--layouts", ",".join(LAYOUTS)],
-        "scalar": [*hf_args(tiny_reward_models.values()), "--layouts", ",".join(SCALAR_LAYOUTS)],
+        "lm": [*hf_args(lm.values()), "--layouts", ",".join(LAYOUTS)],
+        "scalar": [*hf_args(scalar.values()), "--layouts", ",".join(SCALAR_LAYOUTS)],
         "rope": [*hf_args(rope_models), "--layouts", "tp2pp1", "--seq", "64"],
     }
-    results = torchrun("tests.multiproc.parity_checks", [json.dumps(parts)], nproc=4, timeout=400).results
-    return {part: [r for r in results if r["part"] == part] for part in parts}
+    return [json.dumps(parts)]
+
+
+SHARED_PART = ("parity", "tests.multiproc.parity_checks", _argv)
+
+
+@pytest.fixture(scope="module")
+def parity_launch(shared_launch) -> dict[str, list[dict]]:
+    """{part: verify's result rows} of "lm", "scalar" and "rope"."""
+    results = shared_result(shared_launch, "parity")
+    return {part: [r for r in results if r["part"] == part] for part in ("lm", "scalar", "rope")}
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,12 @@
 """Megatron policy, reference, critic and reward-model workers on 4 ranks against transformers fp32.
 
-One torchrun launch (tests/multiproc/policy_checks.py) runs every layout and every batching variant; the
-tests read its report.
+One rank program (tests/multiproc/policy_checks.py, in the 4-rank launch shared with other modules:
+tests/multiproc/conftest.py) runs every layout and every batching variant; the tests read its report.
 """
 
 import pytest
+
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
@@ -12,11 +14,17 @@ LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]
 LOG_PROB_TOL = 2e-5
 
 
+def _argv(request) -> list:
+    policy, reward = request.getfixturevalue("tiny_models"), request.getfixturevalue("tiny_reward_models")
+    return [policy["qwen2"], reward["llama"], "layouts,batching"]  # both parts: one program
+
+
+SHARED_PART = ("policy", "tests.multiproc.policy_checks", _argv)
+
+
 @pytest.fixture(scope="module")
-def launch(torchrun, tiny_models, tiny_reward_models) -> dict:
-    """Both parts of policy_checks in one launch (a launch costs more than a part)."""
-    args = [tiny_models["qwen2"], tiny_reward_models["llama"], "layouts,batching"]
-    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=500).results[0]
+def launch(shared_launch) -> dict:
+    return shared_result(shared_launch, "policy")
 
 
 @pytest.fixture(scope="module")
