@@ -31,6 +31,8 @@ pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_preference.yaml"
 ALGORITHMS = ("dpo", "ipo", "kto", "orpo", "simpo")
 STEPS = 16
+RESUME = 12  # the DPO run saves here and at STEPS; the cached run resumes from here (the steps after it
+# are compared bit for bit: an equality, so a few steps show it)
 TRAINERS = {
     "dpo": preference.DPOTrainer,
     "ipo": preference.IPOTrainer,
@@ -64,7 +66,8 @@ def preference_runs(rl_setup, tmp_path_factory):
 
     runs = {}
     for name, trainer in TRAINERS.items():
-        extra = {"kto": ("preference.precompute_ref=true",), "dpo": ("trainer.save_every=8",)}.get(name, ())
+        extras = {"kto": ("preference.precompute_ref=true",), "dpo": (f"trainer.save_every={RESUME}",)}
+        extra = extras.get(name, ())
         with trainer(load_config(CONFIG, overrides(name, *extra))) as run:
             run.fit()
         runs[name] = PreferenceRun(root / name, jsonl_history(root / name))
@@ -72,9 +75,10 @@ def preference_runs(rl_setup, tmp_path_factory):
     proc = megarl_cli("simpo", CONFIG, *overrides("simpo"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs["simpo"] = PreferenceRun(root / "simpo", jsonl_history(root / "simpo"))
-    # the DPO run's last 8 steps again, resumed from its step 8, with the reference precomputed
-    resume = root / "dpo" / "checkpoints" / "step_8"
-    cached = ("preference.precompute_ref=true", f"trainer.resume={resume}")
+    # the DPO run's last steps again, resumed from its step RESUME, with the reference precomputed (no
+    # report: its steps are compared with the DPO run's, whose report is checked)
+    resume = root / "dpo" / "checkpoints" / f"step_{RESUME}"
+    cached = ("preference.precompute_ref=true", f"trainer.resume={resume}", "logging.report=false")
     with preference.DPOTrainer(load_config(CONFIG, overrides("dpo", *cached, out="dpo_cached"))) as run:
         run.fit()
     runs["dpo_cached"] = PreferenceRun(root / "dpo_cached", jsonl_history(root / "dpo_cached"))
@@ -144,14 +148,14 @@ def test_greedy_accuracy_rises_on_average_over_the_losses(greedy_answers):
 def test_a_resumed_run_with_a_precomputed_reference_repeats_the_same_steps(preference_runs):
     runs = preference_runs[0]
     cached, live = runs["dpo_cached"].history, runs["dpo"].history
-    assert sorted(cached) == list(range(9, STEPS + 1))  # it continued after step 8
-    for step in range(9, STEPS + 1):
+    assert sorted(cached) == list(range(RESUME + 1, STEPS + 1))  # it continued after step RESUME
+    for step in range(RESUME + 1, STEPS + 1):
         for key in ("pref/loss", "rewards/chosen", "rewards/rejected", "actor/grad_norm"):
             assert cached[step][key] == pytest.approx(live[step][key], rel=1e-5, abs=1e-7), (step, key)
     for key in ("val/rewards/accuracy", "val/rewards/margin", "val/pref/loss"):
         assert cached[STEPS][key] == pytest.approx(live[STEPS][key], rel=1e-5, abs=1e-7), key
     checkpoints = runs["dpo"].out / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_16", "step_8"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", f"step_{RESUME}", f"step_{STEPS}"]
     assert (checkpoints / "latest").read_text().strip() == "step_16"
 
 

@@ -1,6 +1,7 @@
 """Rank code for test_policy_workers: the Megatron policy, critic and reward workers on 4 ranks.
 
-argv: POLICY_HF REWARD_HF layouts|batching. For every layout it builds the workers through the "spmd" worker
+argv: POLICY_HF REWARD_HF PARTS, PARTS = "layouts", "batching" or both ("layouts,batching": one launch,
+whose report holds both parts' keys). For every layout it builds the workers through the "spmd" worker
 groups (the same dispatch as Ray; actor and reference colocated), and rank 0 reports per-layout numbers
 against transformers fp32 references.
 """
@@ -302,27 +303,37 @@ def check_offload(actor: WorkerGroup, batch: Batch, before: torch.Tensor) -> dic
 
 
 def main(argv: list[str]) -> dict:
-    policy, reward, part = argv
+    policy, reward, parts = argv
     from transformers import AutoConfig
 
     batch = rollout_batch(AutoConfig.from_pretrained(policy).vocab_size)
     ref = hf_reference(policy, batch)
-    if part == "layouts":
-        rm_ref = hf_reference(reward, batch)
-        results = {name: check_layout(name, policy, reward, batch, ref, rm_ref) for name in LAYOUTS}
-    else:
-        results = {
-            label: {
-                "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
-                "pg_loss": b["pg_loss"],
-                "grad_norm": b["grad_norm"],
-                **{k: b[k] for k in ("dp_tokens", "offload", "preference", "packed_as") if k in b},
-            }
-            for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
-        }
-        results["loss_wiring"] = check_loss_wiring(policy, reward, batch, ref)
-        advantages = (
-            torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * batch["response_mask"]
+    results: dict = {}
+    for part in parts.split(","):
+        found = (
+            layouts(policy, reward, batch, ref) if part == "layouts" else batching(policy, reward, batch, ref)
         )
-        results["fused"] = check_fused_old_log_prob(policy, reward, batch, advantages)
+        assert not found.keys() & results.keys(), found.keys() & results.keys()
+        results.update(found)
+    return results
+
+
+def layouts(policy: str, reward: str, batch: dict, ref: dict) -> dict:
+    rm_ref = hf_reference(reward, batch)
+    return {name: check_layout(name, policy, reward, batch, ref, rm_ref) for name in LAYOUTS}
+
+
+def batching(policy: str, reward: str, batch: dict, ref: dict) -> dict:
+    results = {
+        label: {
+            "log_prob_max_abs_diff": max_diff(b["log_probs"], ref["log_probs"]),
+            "pg_loss": b["pg_loss"],
+            "grad_norm": b["grad_norm"],
+            **{k: b[k] for k in ("dp_tokens", "offload", "preference", "packed_as") if k in b},
+        }
+        for label, b in check_batching(policy, reward, batch, batch["response_mask"]).items()
+    }
+    results["loss_wiring"] = check_loss_wiring(policy, reward, batch, ref)
+    advantages = torch.randn(N, RESPONSE, generator=torch.Generator().manual_seed(1)) * batch["response_mask"]
+    results["fused"] = check_fused_old_log_prob(policy, reward, batch, advantages)
     return results

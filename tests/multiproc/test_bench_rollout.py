@@ -12,7 +12,9 @@ pytestmark = pytest.mark.multiproc
 
 def test_bench_rollout_replays_the_trainers_calls_token_for_token(tmp_path):
     cmd = [sys.executable, "-m", "megarl.cli", "bench", "rollout", "--sizes", "tiny"]
-    cmd += ["--warmup", "0", "--repeats", "2", "--out", str(tmp_path)]
+    # --eager: the engines skip torch.compile's start-up; that pushed weights reach a compiled engine's graphs
+    # is checked in test_vllm_rollout (test_load_weights_equals_an_engine_built_from_the_checkpoint)
+    cmd += ["--warmup", "0", "--repeats", "2", "--eager", "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     tiny = json.loads((tmp_path / "rollout.json").read_text())["sizes"]["tiny"]

@@ -1,24 +1,58 @@
-"""Megatron vs transformers (fp32, CPU): logits, loss and every gradient, at every layout, one launch."""
+"""Megatron vs transformers (fp32, CPU): logits, loss and every gradient, at every layout. One rank
+program (tests/multiproc/parity_checks.py, in the 4-rank launch shared with other modules:
+tests/multiproc/conftest.py) runs the LM families, the scalar heads and the RoPE scalings."""
 
+import json
 import re
 
 import pytest
 
 from tests.conftest import FAMILIES
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
 LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
 
 
+def _argv(request) -> list[str]:
+    """parity_checks' argv: verify's arguments of "lm" (every family at every layout), "scalar" (the
+    reward models at SCALAR_LAYOUTS) and "rope" (two RoPE scalings at TP2, 64 tokens)."""
+    from megarl.models.tiny import build_tiny_hf
+
+    root = request.getfixturevalue("tmp_path_factory").mktemp("rope")
+    rope_models = [
+        build_tiny_hf(root / name, initializer_range=0.1, max_position_embeddings=16384, rope_parameters=rope)
+        for name, rope in ROPE_SCALING.items()
+    ]
+
+    def hf_args(paths) -> list[str]:
+        return [str(a) for path in paths for a in ("--hf", path)]
+
+    lm, scalar = request.getfixturevalue("tiny_models"), request.getfixturevalue("tiny_reward_models")
+    parts = {
+        # Megatron's linear layers through OpenBLAS (megarl.models.cpu_gemm), the choice on AMD CPUs, on
+        # any CPU: HF's reference multiplies with torch's MKL, and torch's path is megatron's own code.
+        "lm": [*hf_args(lm.values()), "--layouts", ",".join(LAYOUTS)],
+        "scalar": [*hf_args(scalar.values()), "--layouts", ",".join(SCALAR_LAYOUTS)],
+        "rope": [*hf_args(rope_models), "--layouts", "tp2pp1", "--seq", "64"],
+    }
+    return [json.dumps(parts)]
+
+
+SHARED_PART = ("parity", "tests.multiproc.parity_checks", _argv)
+
+
 @pytest.fixture(scope="module")
-def parity(tiny_models, torchrun):
-    args = [a for path in tiny_models.values() for a in ("--hf", path)] + ["--layouts", ",".join(LAYOUTS)]
-    # Megatron's linear layers through OpenBLAS (megarl.models.cpu_gemm), the choice on AMD CPUs, on any
-    # CPU: HF's reference multiplies with torch's MKL, and torch's path is megatron's own code.
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("MEGARL_CPU_GEMM", "openblas")
-        return torchrun("megarl.models.verify", args, nproc=4).results
+def parity_launch(shared_launch) -> dict[str, list[dict]]:
+    """{part: verify's result rows} of "lm", "scalar" and "rope"."""
+    results = shared_result(shared_launch, "parity")
+    return {part: [r for r in results if r["part"] == part] for part in ("lm", "scalar", "rope")}
+
+
+@pytest.fixture(scope="module")
+def parity(parity_launch) -> list[dict]:
+    return parity_launch["lm"]
 
 
 def test_parity_ran_megatrons_linear_layers_through_openblas(parity):
@@ -64,9 +98,8 @@ SCALAR_LAYOUTS = ["tp1pp1", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
 
 
 @pytest.fixture(scope="module")
-def scalar_parity(tiny_reward_models, torchrun):
-    args = [a for path in tiny_reward_models.values() for a in ("--hf", path)]
-    return torchrun("megarl.models.verify", [*args, "--layouts", ",".join(SCALAR_LAYOUTS)], nproc=4).results
+def scalar_parity(parity_launch) -> list[dict]:
+    return parity_launch["scalar"]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -94,17 +127,8 @@ ROPE_SCALING = {
 }
 
 
-def test_rope_scaling_matches_hf(tmp_path, torchrun):
-    from megarl.models.tiny import build_tiny_hf
-
-    paths = [
-        build_tiny_hf(
-            tmp_path / name, initializer_range=0.1, max_position_embeddings=16384, rope_parameters=rope
-        )
-        for name, rope in ROPE_SCALING.items()
-    ]
-    args = [a for p in paths for a in ("--hf", p)] + ["--layouts", "tp2pp1", "--seq", "64"]
-    results = torchrun("megarl.models.verify", args, nproc=2).results
+def test_rope_scaling_matches_hf(parity_launch):
+    results = parity_launch["rope"]
     assert len(results) == 2
     for r in results:
         assert r["max_abs_logit_diff"] <= 5e-5 and r["loss_abs_diff"] <= 5e-6, r

@@ -1,9 +1,12 @@
 """Megatron policy, reference, critic and reward-model workers on 4 ranks against transformers fp32.
 
-One torchrun launch (tests/multiproc/policy_checks.py) runs every layout; the tests read its report.
+One rank program (tests/multiproc/policy_checks.py, in the 4-rank launch shared with other modules:
+tests/multiproc/conftest.py) runs every layout and every batching variant; the tests read its report.
 """
 
 import pytest
+
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
@@ -11,19 +14,27 @@ LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]
 LOG_PROB_TOL = 2e-5
 
 
-def _launch(torchrun, tiny_models, tiny_reward_models, part: str) -> dict:
-    args = [tiny_models["qwen2"], tiny_reward_models["llama"], part]
-    return torchrun("tests.multiproc.policy_checks", args, nproc=4, timeout=300).results[0]
+def _argv(request) -> list:
+    policy, reward = request.getfixturevalue("tiny_models"), request.getfixturevalue("tiny_reward_models")
+    return [policy["qwen2"], reward["llama"], "layouts,batching"]  # both parts: one program
+
+
+SHARED_PART = ("policy", "tests.multiproc.policy_checks", _argv)
 
 
 @pytest.fixture(scope="module")
-def checks(torchrun, tiny_models, tiny_reward_models):
-    return _launch(torchrun, tiny_models, tiny_reward_models, "layouts")
+def launch(shared_launch) -> dict:
+    return shared_result(shared_launch, "policy")
 
 
 @pytest.fixture(scope="module")
-def batching(torchrun, tiny_models, tiny_reward_models):
-    return _launch(torchrun, tiny_models, tiny_reward_models, "batching")
+def checks(launch) -> dict:
+    return {layout: launch[layout] for layout in LAYOUTS}
+
+
+@pytest.fixture(scope="module")
+def batching(launch) -> dict:
+    return {k: v for k, v in launch.items() if k not in LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

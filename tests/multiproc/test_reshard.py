@@ -1,19 +1,29 @@
 """3D-HybridEngine resharding on 4 ranks: every engine shard bit-exact, bytes received = the plan's floor.
 
-One torchrun launch (tests/multiproc/reshard_checks.py) covers the layouts of issue 5:
-(t=2,p=2)->t_g 1|2, (t=2,p=1)->1|2, (t=1,p=2)->1, (t=4,p=1)->2, each zero-redundancy and naive.
+One rank program (tests/multiproc/reshard_checks.py, in the 4-rank launch shared with other modules:
+tests/multiproc/conftest.py) covers the layouts of issue 5: (t=2,p=2)->t_g 1|2, (t=2,p=1)->1|2,
+(t=1,p=2)->1, (t=4,p=1)->2, each zero-redundancy and naive.
 """
 
 import pytest
+
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
 CASES = ["t2p2->tg1", "t2p2->tg2", "t2p1->tg1", "t2p1->tg2", "t1p2->tg1", "t4p1->tg2"]
 
 
+SHARED_PART = (
+    "reshard",
+    "tests.multiproc.reshard_checks",
+    lambda request: [request.getfixturevalue("tiny_models")["qwen2"]],
+)
+
+
 @pytest.fixture(scope="module")
-def reshard(torchrun, tiny_models):
-    return torchrun("tests.multiproc.reshard_checks", [tiny_models["qwen2"]], nproc=4).results[0]
+def reshard(shared_launch):
+    return shared_result(shared_launch, "reshard")
 
 
 @pytest.mark.parametrize("case", CASES + [c + "-naive" for c in CASES])

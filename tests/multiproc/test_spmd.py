@@ -1,13 +1,18 @@
-"""The worker-group interface under torchrun (SPMD backend): the same checks as the Ray tests."""
+"""The worker-group interface under torchrun (SPMD backend): the same checks as the Ray tests. Its rank
+program runs in the 4-rank launch shared with other modules (tests/multiproc/conftest.py)."""
 
 import pytest
 
+from tests.multiproc.conftest import shared_result
+
 pytestmark = pytest.mark.multiproc
+
+SHARED_PART = ("spmd", "tests.multiproc.spmd_checks", lambda request: [])
 
 
 @pytest.fixture(scope="module")
-def spmd(torchrun):
-    return torchrun("tests.multiproc.spmd_checks", [], nproc=4).results[0]
+def spmd(shared_launch):
+    return shared_result(shared_launch, "spmd")
 
 
 @pytest.mark.parametrize("layout", ["tp2dp2", "pp2dp2"])

@@ -1,0 +1,28 @@
+"""Rank code that runs several test modules' 4-rank programs in one launch (tests/multiproc/conftest.py,
+`shared_launch`): on 2 cores a 4-rank launch costs ≈ 15–20 s before its first check (torchrun, and torch
+and megatron imported by 4 processes), more than the checks of some modules.
+
+argv: a JSON list of [name, "module[:function]", argv] run in that order on every rank. Rank 0 returns
+{name: {"result": what the part returned} or {"error": …, "traceback": …}}: a part that raises on every
+rank is reported and the next one runs. (A part raising on some ranks only leaves the others waiting in
+a collective: the launch then times out, and every part's tests fail with the ranks' output.)
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+
+from megarl.distributed.rank_program import find_rank_function
+
+
+def main(argv: list[str]) -> dict:
+    (parts,) = argv
+    results: dict = {}
+    for name, target, args in json.loads(parts):
+        try:
+            results[name] = {"result": find_rank_function(target)(args)}
+        except Exception as e:
+            traceback.print_exc()
+            results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    return results
