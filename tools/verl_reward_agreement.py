@@ -77,6 +77,157 @@ def search_cases() -> list[tuple[str, str, object]]:
     return out
 
 
+NUMINA_TRUTHS = [
+    "5",
+    "\\frac{1}{2}",
+    "0.5",
+    "3/4",
+    "10\\%",
+    "(1,2)",
+    "[0,1)",
+    "\\{1,2\\}",
+    "2\\pi",
+    "\\sqrt{2}",
+    "90^\\circ",
+    "5 \\text{ cm}",
+    "1,000",
+    "(-\\infty, 3]",
+    "x^2+1",
+    "\\dfrac{7}{2}",
+    "101_2",
+    "\\$5",
+    "2 and 3",
+    "-4",
+]
+NUMINA_EQUIVALENTS = {
+    "5": ["5.0", "\\frac{10}{2}", "5 \\text{ cm}"],
+    "\\frac{1}{2}": ["0.5", "1/2", "\\dfrac12", "50\\%"],
+    "0.5": ["\\frac{1}{2}", "1/2", "50\\%"],
+    "3/4": ["0.75", "\\frac{3}{4}", "6/8"],
+    "10\\%": ["10", "0.1", "10%"],
+    "(1,2)": ["(1, 2)", "\\left(1,2\\right)", "(2,1)"],
+    "[0,1)": ["[0, 1)", "Interval.Ropen(0, 1)", "(0,1)"],
+    "\\{1,2\\}": ["1,2", "\\{2,1\\}", "{1, 2}"],
+    "2\\pi": ["6.283", "2 \\pi", "6.28", "\\pi \\cdot 2"],
+    "\\sqrt{2}": ["1.4142", "\\sqrt2", "2^{1/2}"],
+    "90^\\circ": ["90", "90 degrees", "\\frac{\\pi}{2}"],
+    "5 \\text{ cm}": ["5", "5cm", "50 mm"],
+    "1,000": ["1000", "1000.0", "10^3"],
+    "(-\\infty, 3]": ["(-\\infty,3]", "x \\le 3", "(-inf, 3]"],
+    "x^2+1": ["1+x^2", "x**2+1", "(x+1)^2"],
+    "\\dfrac{7}{2}": ["3.5", "7/2", "3 1/2"],
+    "101_2": ["101", "5"],
+    "\\$5": ["5", "\\$5.00", "5 dollars"],
+    "2 and 3": ["2, 3", "3 and 2", "2 or 3"],
+    "-4": ["- 4", "-4.0", "4"],
+}
+
+
+def numina_cases() -> list[tuple[str, str, object]]:
+    out = []
+    sources = itertools.cycle(
+        [
+            "numina_aops_forum",
+            "numina_synthetic_math",
+            "numina_amc_aime",
+            "numina_synthetic_amc",
+            "numina_cn_k12",
+            "numina_olympiads",
+        ]
+    )
+    for t in NUMINA_TRUTHS:
+        for a in [t, *NUMINA_EQUIVALENTS[t], t + "1", t.replace("1", "7").replace("2", "9")]:
+            for tpl in (
+                "\\boxed{%s}",
+                "The answer is %s",
+                "Answer: %s",
+                "%s",
+                "So x = %s. Done",
+                "Step 1: think. Step 2: \\fbox{%s}",
+                "We get %s\nso the answer is",
+            ):
+                out.append((next(sources), tpl.replace("%s", a), t))
+    return out
+
+
+GEO_TRUTHS = [
+    "5",
+    "3\\sqrt{2}",
+    "\\frac{1}{2}",
+    "60",
+    "12.5",
+    "2\\pi",
+    "\\frac{40}{3}",
+    "8\\sqrt{3}",
+    "24",
+    "0.75",
+]
+GEO_EQUIVALENTS = {
+    "5": ["5.0", "5 cm", "\\frac{10}{2}"],
+    "3\\sqrt{2}": ["3 \\sqrt{2}", "\\sqrt{18}", "4.243"],
+    "\\frac{1}{2}": ["0.5", "1/2", "\\dfrac{1}{2}"],
+    "60": ["60^\\circ", "60 degrees", "60.0"],
+    "12.5": ["25/2", "\\frac{25}{2}", "12.50"],
+    "2\\pi": ["2 \\pi", "6.28", "2*pi"],
+    "\\frac{40}{3}": ["13.33", "40/3", "13\\frac{1}{3}"],
+    "8\\sqrt{3}": ["8 \\sqrt 3", "\\sqrt{192}", "13.86"],
+    "24": ["24 \\text{ cm}^2", "24\\%", "{24}"],
+    "0.75": ["3/4", "\\frac{3}{4}", "75\\%"],
+}
+
+
+def geometry3k_cases() -> list[tuple[str, str, object]]:
+    out = []
+    for t in GEO_TRUTHS:
+        for a in [t, *GEO_EQUIVALENTS[t], t + "1", t.replace("2", "7").replace("5", "9").replace("4", "1")]:
+            for tpl in (
+                "<think>reason</think>\\boxed{%s}",
+                "<think>a\nb</think> so \\boxed{%s}.",
+                "\\boxed{%s}",
+                "%s",
+                "<think>x</think>%s",
+                "<think>x</think>\\boxed{1} \\boxed{%s}",
+                "\\boxed{%s",
+                "<think>x \\boxed{%s}</think>",
+            ):
+                out.append(("hiyouga/geometry3k", tpl.replace("%s", a), t))
+    return out
+
+
+def latex_cases() -> list[tuple[str, str, object]]:
+    """LaTeX forms that verl reads with pylatexenc, under both sources."""
+    out = []
+    latex = [
+        ("\\sqrt[3]{2}", "\\sqrt{2}"),
+        ("\\sqrt[3]{2}", "2^{1/3}"),
+        ("\\theta", "\\theta"),
+        ("30", "\\theta"),
+        ("\\angle ABC", "\\angle{ABC}"),
+        ("5", "\\mathbf{5}"),
+        ("5", "\\textbf{5}"),
+        ("5", "\\unknown{5}"),
+        ("5", "\\mathrm{5}\\,\\mathrm{m}"),
+        ("\\frac{a+b}{c}", "(a+b)/c"),
+        ("\\frac{a+b}{c}", "a+b/c"),
+        ("4\\sqrt{2}", "\\sqrt{32}"),
+        ("1", "\\sin^2 x + \\cos^2 x"),
+        ("2", "\\left| -2 \\right|"),
+        ("\\frac{\\pi}{3}", "\\dfrac{\\pi}{3}"),
+        ("\\frac{\\pi}{3}", "60^\\circ"),
+        ("12", "\\boxed{12}"),
+        ("\\frac{1}{2}", "\\frac12"),
+        ("x \\geq 2", "x \\ge 2"),
+        ("3 \\times 4", "12"),
+    ]
+    for t, a in latex:
+        for source, tpl in (
+            ("hiyouga/geometry3k", "<think>x</think>\\boxed{%s}"),
+            ("numina_olympiads", "\\boxed{%s}"),
+        ):
+            out.append((source, tpl.replace("%s", a), t))
+    return out
+
+
 STDIN_TESTS = json.dumps({"inputs": ["2 3\n", "10 -4\n", "0 0\n", "7 8\n"], "outputs": ["5\n", "6\n", "0\n", "15\n"]})
 FLOAT_TESTS = json.dumps({"inputs": ["2\n", "3\n"], "outputs": ["1.4142135\n", "1.7320508\n"]})
 CALL_TESTS = json.dumps({"fn_name": "add", "inputs": ["1\n2", "[1]\n[2]", "5\n-5"], "outputs": ["3", "[1, 2]", "0"]})
@@ -157,6 +308,9 @@ def main() -> int:
         "math_dapo, math, math_dapo_reasoning, aime*": dapo_cases(),
         "searchR1_*": search_cases(),
         "codecontests, apps, codeforces, taco": code_cases(not args.no_timeouts),
+        "numina_* (verl: prime_math)": numina_cases(),
+        "hiyouga/geometry3k (verl: geo3k, mathruler)": geometry3k_cases(),
+        "LaTeX forms, numina_olympiads and hiyouga/geometry3k": latex_cases(),
     }
     pinned, rng = [], random.Random(0)
     print("| sources | agree / total | verl's scores (value: count) |\n|---|---|---|")

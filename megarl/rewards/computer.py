@@ -345,16 +345,9 @@ def default_workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) // max(1, local_ranks)))
 
 
-_VERL_ONLY = {"numina_": "prime_math grader", "hiyouga/geometry3k": "mathruler grader"}  # not in megarl yet
-
-
 def _unknown_source(source: str, where: str) -> str:
-    verl = next((how for prefix, how in _VERL_ONLY.items() if source.startswith(prefix)), None)
-    note = (
-        f"; verl scores it with its {verl}, which megarl does not have (docs/verl-rewards.md)" if verl else ""
-    )
     return (
-        f"no reward for data_source {source!r} ({where}) and reward.function.path is not set{note}; set "
+        f"no reward for data_source {source!r} ({where}) and reward.function.path is not set; set "
         "reward.function.path=/path/to/reward.py (defining compute_score(data_source, solution_str, "
         f"ground_truth, extra_info=None)) or use a known data_source: {', '.join(known_data_sources())} "
         "(or any name starting with 'aime' or containing 'countdown')"

@@ -4,7 +4,7 @@ A user's reward file that falls back to verl's `default_compute_score` for some 
 under that name: `from megarl.rewards import default_compute_score` (same call; docs/verl-rewards.md).
 verl's sources scored here: openai/gsm8k; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval,
 HuggingFaceH4/MATH-500; math_dapo, math, math_dapo_reasoning, aime*; codecontests, apps, codeforces, taco;
-searchR1_*. Not yet: numina_* (verl's prime_math) and hiyouga/geometry3k (mathruler).
+searchR1_*; numina_* (verl's prime_math) and hiyouga/geometry3k (verl's geo3k, mathruler).
 
 Every reward function has verl's signature, `fn(data_source, solution_str, ground_truth, extra_info=None)
 -> float | dict`. `register_reward("my/source")` adds one; `reward_for(data_source)` finds one (exact
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from megarl.errors import EXIT_USAGE, MegarlError
-from megarl.rewards import code_tests, countdown, digits, gsm8k, math_boxed, math_dapo, qa_em
+from megarl.rewards import code_tests, countdown, digits, gsm8k, math_boxed, math_dapo, numina, qa_em
 
 RewardFn = Callable[..., float | dict[str, Any]]
 
@@ -154,3 +154,15 @@ def _search_r1(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> float:
     return qa_em.compute_score(solution_str, _truth(ground_truth, data_source))
+
+
+@register_reward(*numina.NUMINA_SOURCES)
+def _numina(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
+    return numina.numina_score(str(solution_str), str(_truth(ground_truth, data_source)))
+
+
+@register_reward("hiyouga/geometry3k")
+def _geometry3k(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float:
+    return numina.geometry3k_score(solution_str, _truth(ground_truth, data_source))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.rewards import code_tests, default_compute_score, math_boxed, math_dapo, qa_em
+from megarl.rewards import code_tests, default_compute_score, math_boxed, math_dapo, numina, prm800k, qa_em
 from megarl.rewards.registry import SEARCH_R1_SOURCES, reward_for
 
 pytestmark = pytest.mark.unit
@@ -33,12 +33,13 @@ def test_pinned_cases_cover_every_added_source_with_both_outcomes():
         source = case["data_source"]
         group = "code" if source in CODE_SOURCES else source.split("_")[0] if "_" in source else source
         by_group.setdefault(group, set()).add(case["verl_score"])
-    for group in ("lighteval/MATH", "searchR1", "code"):
+    for group in ("lighteval/MATH", "searchR1", "code", "numina", "hiyouga/geometry3k"):
         assert len(by_group.get(group, ())) >= 2, (group, by_group)
     assert {-1.0, 1.0} <= by_group["math"] | by_group.get("aime2024", set()) | by_group.get("aime", set())
+    assert {0.0, 0.1, 0.9, 1.0} <= by_group["hiyouga/geometry3k"]  # accuracy and format, each alone
 
 
-def test_math_dapo_aime_and_search_scores_equal_verls():
+def test_math_dapo_aime_search_numina_and_geometry3k_scores_equal_verls():
     cases = [c for c in CASES if c["data_source"] not in CODE_SOURCES]
     got = [(c["solution_str"], score(c)) for c in cases]
     assert [s for _, s in got] == [c["verl_score"] for c in cases]
@@ -77,6 +78,27 @@ def test_search_r1_exact_match_with_a_quarter_for_tag_spam():
     assert qa_em.compute_score("Paris", {"target": ["Paris"]}) == 0.0
 
 
+def test_numina_reads_the_answer_then_grades_as_prm800k_then_math_equal():
+    assert numina.match_answer("Step 1: x. Step 2: so the answer is \\boxed{x = 3}.") == "3"
+    assert numina.numina_score("The answer is 6/8", "3/4") == 0.0  # fractions compare as written
+    assert numina.numina_score("Answer: 0.1", "10\\%") == 1.0  # math_equal: the truth, x100 or /100
+    assert numina.numina_score("Answer: 6.28", "2\\pi") == 1.0  # pi read as 3.14 too
+    assert numina.numina_score("Answer: 9 and 3", "2 and 3") == 0.0  # no sympy step, as in verl 0.9.1
+
+
+def test_geometry3k_is_nine_tenths_accuracy_and_a_tenth_think_format():
+    assert numina.geometry3k_score("<think>r</think> so \\boxed{3 \\sqrt{2}}", "\\sqrt{18}") == 1.0
+    assert numina.geometry3k_score("\\boxed{60^\\circ}", "60") == 0.9
+    assert numina.geometry3k_score("<think>r</think>\\boxed{7}", "60") == 0.1
+    assert numina.geometry3k_score("<think>r</think>60", "60") == 0.0  # no box: the answer is "None"
+
+
+def test_latex_reads_as_pylatexenc_writes_it():
+    assert prm800k.latex_to_text(" \\frac{a+b}{c} \\cdot \\sqrt[3]{2}") == " a+b/c ·√(2)"
+    assert prm800k.latex_to_text("\\left(-\\infty, 3\\right] \\cup \\{5\\}") == "(-∞, 3] ∪{5}"
+    assert prm800k.latex_to_text("\\unknown{5}\\,\\mathrm{m}") == "5 m"
+
+
 def test_verl_source_names_and_prefixes_are_registered():
     for source in (
         "math_dapo",
@@ -86,11 +108,11 @@ def test_verl_source_names_and_prefixes_are_registered():
         "aime_2025",
         *SEARCH_R1_SOURCES,
         *CODE_SOURCES,
+        *numina.NUMINA_SOURCES,
+        "hiyouga/geometry3k",
     ):
         assert reward_for(source) is not None, source
-    assert (
-        reward_for("numina_olympiads") is None
-    )  # verl's prime_math grader: not in megarl (docs/verl-rewards.md)
+    assert reward_for("numina_other") is None  # verl lists its six numina_* names; no prefix
 
 
 def test_a_user_file_falls_back_to_megarls_default_compute_score_under_verls_name():
