@@ -9,7 +9,7 @@ from typing import Any
 from megarl.distributed.layout import divisors
 from megarl.errors import EXIT_USAGE, MegarlError
 
-__all__ = ["ConfigError", "at_least", "divisors", "in_range", "join", "need_divides"]
+__all__ = ["ConfigError", "at_least", "divisors", "in_range", "join", "need_divides", "show_value"]
 
 
 class ConfigError(MegarlError, ValueError):
@@ -48,3 +48,16 @@ def at_least(problems: list[str], key: str, value: float, low: float, fix: str) 
 def in_range(problems: list[str], key: str, value: float, interval: str, ok: bool, fix: str) -> None:
     if not ok:
         problems.append(f"{key}={value} must be in {interval}; {fix}")
+
+
+def show_value(value: Any) -> str:
+    """`value` as a user writes it in an override: null, true/false, [a, b], {k: v}."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(show_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {show_value(v)}" for k, v in value.items()) + "}"
+    return str(value)

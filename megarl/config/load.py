@@ -19,7 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from megarl.config.errors import ConfigError
+from megarl.config.errors import ConfigError, show_value
 from megarl.config.schema import MegarlConfig
 from megarl.config.validate import resolve_auto, validate
 from megarl.config.verl_translate import command_line_rules, flatten, translate_leaves, verl_hint
@@ -232,7 +232,7 @@ def _leaves(tree: dict[Any, Any], cls: type, prefix: str, problems: list[str]) -
             elif value is not None:
                 subkeys = ", ".join(f.name for f in dataclasses.fields(section))
                 problems.append(
-                    f"{key}={_show(value)}: {key} is a section, not a value; set its keys ({subkeys})"
+                    f"{key}={show_value(value)}: {key} is a section, not a value; set its keys ({subkeys})"
                 )
             elif section is not tp:  # an optional section (ref.parallel) set back to null
                 leaves.append((key, None))
@@ -268,7 +268,7 @@ def _assign(merged: DictConfig, key: str, value: Any, problems: list[str]) -> No
         tp, default = _field_of(key)
         example = default if default not in (None, []) else _example(tp)
         problems.append(
-            f"{key}={_show(value)} is invalid: expected {_type_name(tp)}; e.g. {key}={_show(example)}"
+            f"{key}={show_value(value)} is invalid: expected {_type_name(tp)}; e.g. {key}={show_value(example)}"
         )
 
 
@@ -359,18 +359,6 @@ def _example(tp: Any) -> Any:
     if type(None) in args:
         return _example(next(a for a in args if a is not type(None)))
     return _EXAMPLES.get(tp, "...")
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
-    return str(value)
 
 
 def _one_line(e: BaseException) -> str:

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from megarl.config.errors import show_value
 from megarl.config.schema import MegarlConfig
 from megarl.config.verl_keys import (
     DROP,
@@ -132,7 +133,7 @@ def translate_leaves(leaves: list[tuple[str, Any]]) -> Translation:
             switch, _ = DYNAMIC[key]
             if flat.get(switch) is not True:
                 out.warnings.append(
-                    f"ignoring verl's {key}={_show(value)}: it applies only with {switch}=true"
+                    f"ignoring verl's {key}={show_value(value)}: it applies only with {switch}=true"
                 )
                 continue
         if key in FALLBACK:
@@ -145,9 +146,9 @@ def translate_leaves(leaves: list[tuple[str, Any]]) -> Translation:
                 try:
                     entry.transform(value)
                 except Rejected as e:
-                    out.problems.append(f"{key}={_show(value)}: {e}")
+                    out.problems.append(f"{key}={show_value(value)}: {e}")
                     continue
-            out.warnings.append(f"ignoring verl's {key}={_show(value)}: {entry.note}")
+            out.warnings.append(f"ignoring verl's {key}={show_value(value)}: {entry.note}")
         elif entry.kind == "same":
             pending_same.append((key, entry, value))
         else:
@@ -162,7 +163,9 @@ def translate_leaves(leaves: list[tuple[str, Any]]) -> Translation:
         if entry.megarl in out.sources:
             _set(out, entry.megarl, value, key)  # a conflict when they differ
         else:
-            out.warnings.append(f"ignoring verl's {key}={_show(value)}: {entry.note}; set {entry.megarl}")
+            out.warnings.append(
+                f"ignoring verl's {key}={show_value(value)}: {entry.note}; set {entry.megarl}"
+            )
     return out
 
 
@@ -204,7 +207,7 @@ def _try_set(out: Translation, key: str, value: Any, entry: VerlKey, target: str
         try:
             value = entry.transform(value)
         except Rejected as e:
-            out.problems.append(f"{key}={_show(value)}: {e}")
+            out.problems.append(f"{key}={show_value(value)}: {e}")
             return
         if value is DROP:
             return
@@ -222,19 +225,9 @@ def _set(out: Translation, megarl: str, value: Any, source: str) -> None:
     if megarl in out.sources and out.sources[megarl] != source and node.get(leaf) != value:
         first = out.sources[megarl]
         out.problems.append(
-            f"{first}={_show(node.get(leaf))} and {source}={_show(value)} both set {megarl}, differently; "
+            f"{first}={show_value(node.get(leaf))} and {source}={show_value(value)} both set {megarl}, differently; "
             "keep one of them"
         )
         return
     node[leaf] = value
     out.sources.setdefault(megarl, source)
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_show(v) for v in value) + "]"
-    return str(value)
