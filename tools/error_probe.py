@@ -1,4 +1,4 @@
-"""Run the error probe (tests/helpers/error_probe.py) and write docs/error-probe.md: every case, the
+"""Run the error probe (tests/helpers/error_probe*.py) and write docs/error-probe.md: every case, the
 message `megarl` prints for it now, its exit code and the test that asserts it.
 
     PYTHONPATH=. python tools/error_probe.py [--out docs/error-probe.md]
@@ -18,7 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.error_probe import ALL_CASES, Case, Outcome, Unavailable, Workspace, run_case  # noqa: E402
+from tests.helpers.error_probe import Case, Outcome, Unavailable, Workspace, run_case  # noqa: E402
+from tests.helpers.error_probe_cases import ALL_CASES  # noqa: E402
 
 HEADER = """# The error probe: {n} cases, each with the message megarl prints
 

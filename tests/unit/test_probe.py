@@ -1,4 +1,4 @@
-"""The error probe (tests/helpers/error_probe.py): every bad input a user or an adversary tried ends
+"""The error probe (tests/helpers/error_probe*.py): every bad input a user or an adversary tried ends
 `megarl` with one clear message and the documented exit code. tools/error_probe.py writes the same
 table to docs/error-probe.md."""
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.helpers.error_probe import ALL_CASES, CASES, ISSUE_CASES, Unavailable, Workspace, run_case
+from tests.helpers.error_probe import Unavailable, Workspace, run_case
+from tests.helpers.error_probe_cases import ALL_CASES, CASES, ISSUE_CASES
 
 pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
