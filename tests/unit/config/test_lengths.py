@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from megarl.config import ConfigError, load_config
-from tests.unit.config.test_load import QUICKSTART, SIZES, TINY_LLAMA, _write_model
+from tests.helpers.hf_configs import TINY_LLAMA, write_model_config
+from tests.unit.config.test_load import QUICKSTART, SIZES
 
 pytestmark = pytest.mark.unit
 
@@ -15,7 +16,7 @@ POSITIONS = TINY_LLAMA["max_position_embeddings"]  # 256; SIZES: prompt 64, resp
 
 @pytest.fixture
 def run(tmp_path) -> list[str]:
-    model = _write_model(tmp_path / "tiny_llama", TINY_LLAMA)
+    model = write_model_config(tmp_path / "tiny_llama", TINY_LLAMA)
     (tmp_path / "train.parquet").touch()
     return [
         *SIZES,
@@ -56,7 +57,7 @@ def test_exactly_the_positions_load(run):
 
 
 def test_a_critic_of_its_own_is_checked_too(run, tmp_path):
-    short = _write_model(tmp_path / "short_critic", {**TINY_LLAMA, "max_position_embeddings": 64})
+    short = write_model_config(tmp_path / "short_critic", {**TINY_LLAMA, "max_position_embeddings": 64})
     problems = _problems(
         [*run, "algorithm.name=ppo", "algorithm.adv_estimator=gae", f"critic.model_path={short}"]
     )
@@ -68,12 +69,12 @@ def test_a_critic_of_its_own_is_checked_too(run, tmp_path):
 
 
 def test_a_linear_rope_scaling_multiplies_the_positions_and_yarn_does_not(run, tmp_path):
-    linear = _write_model(
+    linear = write_model_config(
         tmp_path / "linear", {**TINY_LLAMA, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
     )
     cfg = load_config(QUICKSTART, [*run, f"model.path={linear}", "data.max_prompt_length=992"])
     assert cfg.data.max_prompt_length + cfg.data.max_response_length == 4 * POSITIONS
-    yarn = _write_model(
+    yarn = write_model_config(
         tmp_path / "yarn", {**TINY_LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
     )
     assert (

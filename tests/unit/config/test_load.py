@@ -1,11 +1,11 @@
 """load_config / validate: every bad config is rejected with a message naming the key and the fix."""
 
-import json
 from pathlib import Path
 
 import pytest
 
 from megarl.config import ConfigError, MegarlConfig, config_to_yaml, load_config, validate
+from tests.helpers.hf_configs import TINY_LLAMA, write_model_config
 
 pytestmark = pytest.mark.unit
 
@@ -25,31 +25,11 @@ SIZES = [
     "data.max_response_length=32",
 ]
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 4,
-    "vocab_size": 1001,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-}
-
-
-def _write_model(directory: Path, hf_config: dict) -> Path:
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(hf_config))
-    return directory
-
 
 @pytest.fixture
 def tiny_run(tmp_path: Path) -> list[str]:
     """Overrides that point the quickstart config at a tiny Llama config.json and existing data files."""
-    model = _write_model(tmp_path / "tiny_llama", TINY_LLAMA)
+    model = write_model_config(tmp_path / "tiny_llama", TINY_LLAMA)
     for name in ("train", "val"):
         (tmp_path / f"{name}.parquet").touch()
     return [
@@ -409,7 +389,7 @@ def test_ppo_llama_8b_layout_fits_llama3_8b(tmp_path):
         vocab_size=128256,
         max_position_embeddings=8192,
     )
-    model = _write_model(tmp_path / "llama3_8b", llama3)
+    model = write_model_config(tmp_path / "llama3_8b", llama3)
     (tmp_path / "train.parquet").touch()
     overrides = [
         f"model.path={model}",

@@ -7,7 +7,8 @@ import pytest
 
 from megarl.config import ConfigError, load_config
 from megarl.config.machine import Machine, check_machine
-from tests.unit.config.test_load import QUICKSTART, SIZES, TINY_LLAMA, _write_model
+from tests.helpers.hf_configs import TINY_LLAMA, write_model_config
+from tests.unit.config.test_load import QUICKSTART, SIZES
 
 pytestmark = pytest.mark.unit
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def run(tmp_path, monkeypatch) -> list[str]:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    model = _write_model(tmp_path / "tiny_llama", TINY_LLAMA)
+    model = write_model_config(tmp_path / "tiny_llama", TINY_LLAMA)
     (tmp_path / "train.parquet").touch()
     return [
         *SIZES,

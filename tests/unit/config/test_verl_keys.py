@@ -2,7 +2,6 @@
 override form verl users write is read, ignored keys warn once, conflicts and impossible values stop the
 load naming the keys, and verl's example scripts pass `megarl config show` as shipped."""
 
-import json
 import re
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from megarl.config import ConfigError, load_config, settings_as_megarl
 from megarl.config.verl_keys import VERL_KEYS, lookup
 from megarl.config.verl_translate import is_megarl_key
 from tests.helpers.data import verl_row, write_parquet
+from tests.helpers.hf_configs import TINY_LLAMA, write_model_config
 from tests.helpers.verl_scripts import SCRIPTS, with_paths
 
 pytestmark = pytest.mark.unit
@@ -323,20 +323,7 @@ def verl_paths(tmp_path_factory) -> dict[str, str]:
     """A model directory (config.json of a tiny Llama with room for the scripts' lengths and TPs) and
     parquet files in verl's GSM8K schema: what the scripts' paths become."""
     root = tmp_path_factory.mktemp("verl")
-    model = root / "model"
-    model.mkdir()
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 4,
-        "vocab_size": 1001,
-        "max_position_embeddings": 4096,
-    }
-    (model / "config.json").write_text(json.dumps(config))
+    model = write_model_config(root / "model", {**TINY_LLAMA, "max_position_embeddings": 4096})
     files = {
         name: write_parquet(root / f"{name}.parquet", [verl_row("1+1?", "2")])
         for name in ("train", "test", "math_train", "math_test")
