@@ -1,0 +1,254 @@
+"""The pieces of megarl.config.verl_keys' table: what an entry is (`VerlKey`), how a verl value becomes a
+megarl one (the transforms; `DROP` = sets nothing, `Rejected` = megarl cannot honour it), the entry
+constructors (`maps`, `same_as`, `ignored`, `reject_nonzero`), the notes several entries share, and the
+families of keys verl repeats per role (optimizer, megatron, fsdp, sampling, dynamic batching)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from megarl.errors import MegarlError
+
+DROP = object()  # a transform's answer: this value sets nothing in megarl (verl's "unset" spelling)
+
+
+class Rejected(MegarlError):
+    """A verl value megarl cannot honour; the message says why and what to write instead."""
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    verl: str  # dotted verl key; a "*" matches any rest of the key
+    # the megarl key it sets; None = no meaning in megarl (accepted, one warning line with the note)
+    megarl: str | None
+    note: str = ""
+    transform: Callable[[Any], Any] | None = None  # verl value -> megarl value (or DROP, or Rejected)
+    # "set": sets megarl; "same": megarl has ONE key where verl has one per role, so the value must
+    # equal what the tree sets there (else a conflict error), and sets nothing itself
+    kind: str = "set"
+
+
+def lower(v: Any) -> Any:
+    return v.lower() if isinstance(v, str) else v
+
+
+def optimizer(v: Any) -> Any:
+    # verl's FSDP default "AdamW" (torch) and its Megatron default "adam" (megatron-core's Adam, whose weight
+    # decay is decoupled) are both megarl's adamw
+    name = str(v).lower()
+    return "adamw" if name in ("adamw", "adam") else name
+
+
+def not_none(v: Any) -> Any:
+    return DROP if v is None else v
+
+
+def warmup_steps(v: Any) -> Any:
+    return DROP if v is None or (isinstance(v, int) and v < 0) else v  # verl: -1 = use the ratio
+
+
+def save_freq(v: Any) -> Any:
+    return -1 if isinstance(v, int) and v <= 0 else v  # verl saves nothing at ≤ 0; megarl's 0 = at the end
+
+
+def test_freq(v: Any) -> Any:
+    return 0 if isinstance(v, int) and v <= 0 else v
+
+
+def loggers(v: Any) -> Any:
+    names = v if isinstance(v, list) else [v]
+    return ["jsonl" if n == "file" else n for n in names]  # verl's file logger writes jsonl
+
+
+def greedy_if_false(v: Any) -> Any:
+    return 0.0 if v is False else DROP
+
+
+def resume_mode(v: Any) -> Any:
+    if v in ("auto", "disable"):
+        return v
+    return DROP  # resume_path: trainer.resume_from_path carries the path
+
+
+def zero_only(what: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v:
+            raise Rejected(what)
+        return DROP
+
+    return check
+
+
+def maps(verl: str, megarl: str, note: str = "", transform: Callable[[Any], Any] | None = None) -> VerlKey:
+    return VerlKey(verl, megarl, note, transform)
+
+
+def same_as(verl: str, megarl: str, note: str) -> VerlKey:
+    return VerlKey(verl, megarl, note, kind="same")
+
+
+def ignored(verl: str, note: str) -> VerlKey:
+    return VerlKey(verl, None, note)
+
+
+def reject_nonzero(verl: str, megarl_note: str, why: str) -> VerlKey:
+    return VerlKey(verl, None, megarl_note, zero_only(why))
+
+
+A = "actor_rollout_ref.actor"
+RO = "actor_rollout_ref.rollout"
+REF = "actor_rollout_ref.ref"
+MOD = "actor_rollout_ref.model"
+
+FSDP = "megarl trains with Megatron, not FSDP"
+PROFILE = "megarl's profiler is trainer.profile_steps / trainer.profile_ranks (torch.profiler)"
+ENGINE = "vLLM engine setting megarl does not expose; the engine's defaults apply"
+PADDING = (
+    "megarl packs sequences without padding when actor.max_tokens_per_micro_batch is set (verl's "
+    "use_dynamic_bsz + ppo_max_token_len_per_gpu); otherwise micro-batches are right-padded"
+)
+LORA = "megarl trains full weights (no LoRA)"
+CKPT = "a megarl checkpoint always holds weights, optimizer, scheduler and RNG (trainer.save_every)"
+DYN = "only with use_dynamic_bsz=true: then it is the token budget per micro-batch"
+
+
+def optim(verl: str, role: str) -> list[VerlKey]:
+    o = f"{role}.optimizer"
+    return [
+        maps(f"{verl}.lr", f"{o}.lr"),
+        maps(f"{verl}.weight_decay", f"{o}.weight_decay"),
+        maps(f"{verl}.betas", f"{o}.betas"),
+        maps(f"{verl}.clip_grad", f"{o}.clip_grad"),
+        maps(f"{verl}.min_lr", f"{o}.min_lr", "verl's Megatron optimizer"),
+        maps(
+            f"{verl}.optimizer",
+            f"{o}.name",
+            "AdamW (FSDP) and adam (Megatron: decoupled weight decay) → adamw",
+            optimizer,
+        ),
+        maps(
+            f"{verl}.lr_warmup_steps",
+            f"{o}.lr_warmup_steps",
+            "-1 (verl: use the ratio) sets nothing",
+            warmup_steps,
+        ),
+        maps(f"{verl}.lr_scheduler_type", f"{o}.lr_decay_style", "constant | cosine", lower),
+        maps(
+            f"{verl}.warmup_style", f"{o}.lr_decay_style", "verl's older name of lr_scheduler_type", not_none
+        ),
+        maps(f"{verl}.lr_decay_style", f"{o}.lr_decay_style", "verl's Megatron optimizer", lower),
+        ignored(
+            f"{verl}.lr_warmup_steps_ratio", f"a fraction of the total steps; set {o}.lr_warmup_steps (steps)"
+        ),
+        ignored(f"{verl}.min_lr_ratio", f"a fraction of lr; set {o}.min_lr (an absolute rate)"),
+        ignored(
+            f"{verl}.total_training_steps", "set by verl's trainer itself; megarl's is trainer.total_steps"
+        ),
+        ignored(f"{verl}.num_cycles", "megarl's cosine decays over one half cycle (verl's default 0.5)"),
+        ignored(f"{verl}.optimizer_impl", "megarl uses megatron-core's optimizer"),
+        ignored(
+            f"{verl}.override_optimizer_config",
+            "megarl uses megatron-core's optimizer; set its keys under optimizer",
+        ),
+        ignored(f"{verl}.lr_warmup_init", "megarl's warm-up starts at 0"),
+        ignored(f"{verl}.lr_decay_steps", "megarl decays over the run's total steps"),
+        ignored(f"{verl}.weight_decay_incr_style", "megarl's weight decay is constant"),
+        ignored(f"{verl}.lr_wsd_decay_style", "megarl has no WSD schedule"),
+        ignored(f"{verl}.lr_wsd_decay_steps", "megarl has no WSD schedule"),
+        ignored(
+            f"{verl}.use_checkpoint_opt_param_scheduler", "megarl's checkpoints always hold the LR schedule"
+        ),
+    ]
+
+
+def megatron(verl: str, role: str) -> list[VerlKey]:
+    p = f"{role}.parallel"
+    keys = [
+        maps(f"{verl}.tensor_model_parallel_size", f"{p}.tp"),
+        maps(f"{verl}.pipeline_model_parallel_size", f"{p}.pp"),
+        maps(f"{verl}.virtual_pipeline_model_parallel_size", f"{p}.vpp"),
+        maps(f"{verl}.context_parallel_size", f"{p}.cp"),
+        maps(f"{verl}.expert_model_parallel_size", f"{p}.ep"),
+        maps(
+            f"{verl}.sequence_parallel",
+            f"{p}.sequence_parallel",
+            "verl's default is true; megarl's false (needs tp > 1)",
+        ),
+        maps(f"{verl}.param_offload", f"{role}.offload_params"),
+        ignored(f"{verl}.expert_tensor_parallel_size", "megarl's experts use the dense layers' TP"),
+        ignored(f"{verl}.use_dist_checkpointing", "megarl converts HF weights itself (megarl convert)"),
+        ignored(f"{verl}.dist_checkpointing_path", "megarl converts HF weights itself (megarl convert)"),
+        ignored(f"{verl}.dist_checkpointing_prefix", "megarl converts HF weights itself (megarl convert)"),
+        ignored(f"{verl}.seed", "megarl seeds every role from trainer.seed"),
+        ignored(f"{verl}.override_ddp_config*", "megarl's DDP settings are fixed"),
+        ignored(
+            f"{verl}.override_transformer_config*", "megarl builds the transformer config from the HF config"
+        ),
+        ignored(f"{verl}.override_mcore_model_config*", "megarl builds the model config from the HF config"),
+        ignored(f"{verl}.use_mbridge", "megarl converts HF weights with its own name maps"),
+        ignored(f"{verl}.vanilla_mbridge", "megarl converts HF weights with its own name maps"),
+        ignored(f"{verl}.use_remove_padding", PADDING),
+        ignored(f"{verl}.forward_only", "set by verl itself"),
+        ignored(f"{verl}.dtype", "megarl's dtype is model.dtype"),
+    ]
+    if role in ("actor", "critic"):
+        keys += [
+            maps(f"{verl}.grad_offload", f"{role}.offload_grads"),
+            maps(f"{verl}.optimizer_offload", f"{role}.offload_optimizer"),
+            maps(f"{verl}.use_distributed_optimizer", f"{role}.optimizer.use_distributed_optimizer"),
+        ]
+    else:
+        keys += [
+            ignored(f"{verl}.{k}", f"megarl's {role} is not trained (no optimizer)")
+            for k in ("grad_offload", "optimizer_offload", "use_distributed_optimizer")
+        ]
+    return keys
+
+
+def ref_megatron() -> list[VerlKey]:
+    why = "megarl's colocated reference runs with the actor's layout"
+    keys = [
+        same_as(f"{REF}.megatron.{size}", f"actor.parallel.{short}", why)
+        for size, short in (
+            ("tensor_model_parallel_size", "tp"),
+            ("pipeline_model_parallel_size", "pp"),
+            ("virtual_pipeline_model_parallel_size", "vpp"),
+            ("context_parallel_size", "cp"),
+            ("expert_model_parallel_size", "ep"),
+            ("sequence_parallel", "sequence_parallel"),
+        )
+    ]
+    rest = [
+        k
+        for k in megatron(f"{REF}.megatron", "ref")
+        if k.megarl is None or k.megarl.endswith("offload_params")
+    ]
+    return keys + rest
+
+
+def fsdp(verl: str, role: str) -> list[VerlKey]:
+    keys = [maps(f"{verl}.param_offload", f"{role}.offload_params")]
+    if role != "ref":
+        keys.append(maps(f"{verl}.optimizer_offload", f"{role}.offload_optimizer"))
+    return keys + [ignored(f"{verl}.*", FSDP)]
+
+
+def sampling(verl: str, megarl: str) -> list[VerlKey]:
+    return [
+        maps(f"{verl}.n", f"{megarl}.n"),
+        maps(f"{verl}.temperature", f"{megarl}.temperature"),
+        maps(f"{verl}.top_p", f"{megarl}.top_p"),
+        maps(f"{verl}.top_k", f"{megarl}.top_k"),
+        maps(
+            f"{verl}.do_sample",
+            f"{megarl}.temperature",
+            "false → temperature 0 (greedy); true sets nothing",
+            greedy_if_false,
+        ),
+    ]
+
+
+def dynamic_bsz(verl: str) -> list[VerlKey]:
+    return [ignored(f"{verl}.use_dynamic_bsz", "see ppo_max_token_len_per_gpu")]
