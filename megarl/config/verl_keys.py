@@ -1,13 +1,13 @@
 """verl's trainer-config vocabulary (`ppo_trainer.yaml`, `ppo_megatron_trainer.yaml`) in megarl's keys.
 
-`VERL_KEYS` is the table (the policy roles' keys in verl_keys_roles, the rest here; the entry type, the
-value transforms and the per-role key families in verl_key_types): verl key → megarl key (+ a value transform where the units or spellings
-differ) → note; keys with no megarl meaning map to None and their note says why (one warning line each
-when given). megarl.config.verl_translate rewrites the user's settings with it before the schema checks them;
-docs/verl-migration.md prints the same table (tests/unit/config/test_verl_keys.py keeps the
-two equal). Batch sizes need no conversion: verl's and megarl's are in the same units (prompts for
-train_batch_size and ppo_mini_batch_size, which both multiply by rollout.n; sequences per data-parallel
-rank for the micro-batch sizes).
+`VERL_KEYS` is the table: verl key → megarl key (+ a value transform where the units or spellings differ)
+→ note; keys with no megarl meaning map to None and their note says why (one warning line each when
+given). The policy roles' keys are in verl_keys_roles, the rest here; the entry type, the value transforms
+and the per-role key families in verl_key_types. megarl.config.verl_translate rewrites the user's settings
+with it before the schema checks them; docs/verl-migration.md prints the same table
+(tests/unit/config/test_verl_keys.py keeps the two equal). Batch sizes need no conversion: verl's and
+megarl's are in the same units (prompts for train_batch_size and ppo_mini_batch_size, which both multiply
+by rollout.n; sequences per data-parallel rank for the micro-batch sizes).
 """
 
 from __future__ import annotations
