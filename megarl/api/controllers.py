@@ -96,7 +96,7 @@ class Controller:
         return f"{type(self).__name__}(model={_describe(self.model)}, {state})"
 
 
-BACKENDS = ("megatron",)  # the HF/FSDP backend of the trained roles is not built yet
+BACKENDS = ("megatron", "fsdp")  # <role>.backend: megatron-core, or the transformers model under FSDP2
 
 
 class _TrainedController(Controller):
@@ -106,19 +106,27 @@ class _TrainedController(Controller):
         *,
         optimizer: Any = None,
         devices: Any = None,
-        backend: str = "megatron",
+        backend: str | None = None,
         **settings: Any,
     ) -> None:
+        fsdp_map = getattr(devices, "strategy", None) == "fsdp"
+        backend = backend or ("fsdp" if fsdp_map else "megatron")
         if backend not in BACKENDS:
             raise ControllerError(
-                f"{type(self).__name__}(backend={backend!r}): the trained roles run on megatron-core "
-                "(backend='megatron'); the HF/FSDP backend is not built yet"
+                f"{type(self).__name__}(backend={backend!r}): use backend='megatron' (megatron-core) or "
+                "backend='fsdp' (the transformers model itself, sharded with FSDP2)"
+            )
+        if fsdp_map and backend != "fsdp":
+            raise ControllerError(
+                f"{type(self).__name__}(backend={backend!r}, devices=DeviceMap(strategy='fsdp', ...)): the map "
+                "runs the role on FSDP; drop backend= or use a DeviceMap of strategy 'megatron'"
             )
         super().__init__(model, devices=devices, **settings)
+        self.backend = backend
         self.optimizer: OptimizerConfig | None = None if optimizer is None else optimizer_config(optimizer)
 
     def section(self) -> dict[str, Any]:
-        tree = super().section()
+        tree = {"backend": self.backend, **super().section()}
         if self.optimizer is not None:
             from dataclasses import asdict
 
@@ -141,7 +149,7 @@ class ActorController(_TrainedController):
         tokenizer: Any = None,
         optimizer: Any = None,
         devices: Any = None,
-        backend: str = "megatron",
+        backend: str | None = None,
         **settings: Any,
     ) -> None:
         if model is None:

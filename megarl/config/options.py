@@ -65,6 +65,7 @@ RsLevel = Literal[
 PfPpoReweight = Literal["pow", "max_min", "max_random"]
 RolloutEngine = Literal["vllm"]
 RewardBackend = Literal["megatron", "hf"]
+RoleBackend = Literal["megatron", "fsdp"]  # what trains/runs a policy or value model (megarl.fsdp)
 RewardKind = Literal["classifier", "embedding_similarity"]
 Launcher = Literal["ray", "torchrun"]
 # the model_type values (a checkpoint's config.json) whose Megatron model megarl builds: megarl.models.from_hf.FAMILIES

@@ -13,9 +13,16 @@ to trained roles; a mini-batch is `ppo_mini_batch_size × rollout.n` sequences.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from megarl.config.schema import AlgorithmConfig, MegarlConfig, OptimizerConfig, ParallelConfig, RolloutConfig
+from megarl.config.schema import (
+    AlgorithmConfig,
+    FSDPConfig,
+    MegarlConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    RolloutConfig,
+)
 from megarl.config.validate import resolve_auto
 
 ROLE_NAMES = ("actor", "ref", "critic", "reward")
@@ -76,6 +83,8 @@ class RoleSpec:
     algorithm: AlgorithmConfig | None = None  # the loss settings of a trained role
     rollout: RolloutSpec | None = None  # the actor's generation engine
     seed: int = 42  # trainer.seed: weights the role builds fresh (a critic's value head) are drawn from it
+    backend: str = "megatron"  # "megatron" | "fsdp" (megarl.fsdp): what runs the model
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # how the fsdp backend shards it
 
     @property
     def trainable(self) -> bool:
@@ -122,6 +131,8 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         offload=offload,
         temperature=_sampling_temperature(cfg) if role in ("actor", "ref") else 1.0,
         seed=cfg.trainer.seed,
+        backend=cfg.backend_of(role) if role != "reward" else "megatron",
+        fsdp=copy.deepcopy(section.fsdp) if role != "reward" else FSDPConfig(),
     )
     if not trained:
         return spec

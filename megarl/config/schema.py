@@ -22,6 +22,7 @@ from megarl.config.options import (
     OptimizerName,
     RewardBackend,
     RewardKind,
+    RoleBackend,
     RolloutEngine,
 )
 from megarl.config.schema_algorithm import AlgorithmConfig, PreferenceConfig
@@ -104,9 +105,31 @@ class RoleConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """How the fsdp backend shards a role (PyTorch FSDP2, `fully_shard` over the role's devices). verl's
+    `<role>.fsdp_config`; its param_offload / optimizer_offload are megarl's offload_params /
+    offload_optimizer (the same keys as the Megatron roles: state moved off the device between phases)."""
+
+    # free each layer's gathered parameters after its forward (ZeRO-3, verl's default) or keep them until
+    # the backward (ZeRO-2-like: more memory, one all-gather fewer)
+    reshard_after_forward: bool = True
+    # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step stay on the CPU throughout,
+    # each layer copied to the device for its compute (verl's fsdp_config.offload_policy); GPU only
+    offload_policy: bool = False
+    # module class names wrapped as one FSDP unit each (verl's wrap_policy.transformer_layer_cls_to_wrap);
+    # None = the model's decoder layers (transformers' _no_split_modules)
+    wrap_classes: list[str] | None = None
+
+
+@dataclass
 class TrainRoleConfig(RoleConfig):
     """A role that is trained: it has an optimizer and can offload its training state."""
 
+    # "megatron": megatron-core (TP/PP/CP/EP, the families of megarl's conversion tables); "fsdp": the
+    # transformers model itself, any architecture, sharded with PyTorch FSDP2 over the role's devices
+    # (data parallel only: `parallel` must stay 1). verl: actor_rollout_ref.actor.strategy / critic.strategy
+    backend: RoleBackend = "megatron"
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     offload_grads: bool = False  # move gradients to CPU while generating
     offload_optimizer: bool = False  # move optimizer state to CPU while generating
@@ -135,6 +158,10 @@ class RefConfig:
     micro_batch_size: int = 1  # sequences per log-prob forward on each data-parallel rank
     max_tokens_per_micro_batch: int | None = None  # token budget per micro-batch; None = micro_batch_size
     offload_params: bool = False  # keep parameters in CPU memory between uses
+    # "megatron" | "fsdp" (see actor.backend); None = the actor's. In the actor's processes a reference of
+    # another backend needs an actor layout of tp = pp = cp = 1 (one layout per process)
+    backend: RoleBackend | None = None
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
 
 @dataclass
@@ -396,6 +423,13 @@ class MegarlConfig:
         if role == "ref":
             return self.ref.parallel or self.actor.parallel
         return getattr(self, role).parallel
+
+    def backend_of(self, role: str) -> str:
+        """What runs a role's model: "megatron" or "fsdp" (the reference's is the actor's unless ref.backend
+        is set; a reward model's reward.backend has its own vocabulary)."""
+        if role == "ref":
+            return self.ref.backend or self.actor.backend
+        return getattr(self, role).backend
 
     def parallel_key(self, role: str) -> str:
         """The config section a role's layout comes from (`actor.parallel` for a reference without its own)."""

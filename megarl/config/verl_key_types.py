@@ -102,7 +102,7 @@ RO = "actor_rollout_ref.rollout"
 REF = "actor_rollout_ref.ref"
 MOD = "actor_rollout_ref.model"
 
-FSDP = "megarl trains with Megatron, not FSDP"
+FSDP = "an FSDP setting megarl's fsdp backend does not expose (torch's defaults apply)"
 PROFILE = "megarl's profiler is trainer.profile_steps / trainer.profile_ranks (torch.profiler)"
 ENGINE = "vLLM engine setting megarl does not expose; the engine's defaults apply"
 PADDING = (
@@ -228,8 +228,27 @@ def ref_megatron() -> list[VerlKey]:
     return keys + rest
 
 
+def strategy(v: Any) -> Any:
+    """verl's `strategy`: fsdp / fsdp2 (megarl's FSDP backend is FSDP2's fully_shard) or megatron."""
+    name = str(v).lower()
+    if name in ("fsdp", "fsdp2"):
+        return "fsdp"
+    if name == "megatron":
+        return name
+    raise Rejected(f"strategy={v!r} is not one megarl runs; use fsdp, fsdp2 or megatron")
+
+
 def fsdp(verl: str, role: str) -> list[VerlKey]:
-    keys = [maps(f"{verl}.param_offload", f"{role}.offload_params")]
+    keys = [
+        maps(f"{verl}.param_offload", f"{role}.offload_params"),
+        maps(f"{verl}.reshard_after_forward", f"{role}.fsdp.reshard_after_forward"),
+        maps(f"{verl}.offload_policy", f"{role}.fsdp.offload_policy"),
+        maps(
+            f"{verl}.wrap_policy.transformer_layer_cls_to_wrap",
+            f"{role}.fsdp.wrap_classes",
+            transform=not_none,
+        ),
+    ]
     if role != "ref":
         keys.append(maps(f"{verl}.optimizer_offload", f"{role}.offload_optimizer"))
     return keys + [ignored(f"{verl}.*", FSDP)]

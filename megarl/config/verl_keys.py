@@ -38,6 +38,7 @@ from megarl.config.verl_key_types import (
     resume_mode,
     same_as,
     save_freq,
+    strategy,
     test_freq,
 )
 from megarl.config.verl_keys_roles import ROLE_KEYS
@@ -107,7 +108,7 @@ RUN_KEYS: tuple[VerlKey, ...] = (
     ignored("critic.model.target_modules", LORA),
     ignored("critic.model.freeze_moe_router", "megarl trains every parameter"),
     ignored("critic.ulysses_sequence_parallel_size", "megarl splits long sequences with critic.parallel.cp"),
-    ignored("critic.strategy", "megarl trains with Megatron"),
+    maps("critic.strategy", "critic.backend", "fsdp and fsdp2 are megarl's fsdp backend (FSDP2)", strategy),
     ignored("critic.rollout_n", "set by verl from rollout.n"),
     ignored("critic.shuffle", "megarl's mini-batches take the step's rollouts in order"),
     ignored("critic.data_loader_seed", "megarl seeds from trainer.seed"),

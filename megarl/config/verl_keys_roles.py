@@ -25,6 +25,7 @@ from megarl.config.verl_key_types import (
     ref_megatron,
     reject_nonzero,
     sampling,
+    strategy,
 )
 
 ROLE_KEYS: tuple[VerlKey, ...] = (
@@ -107,7 +108,7 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
         f"{A}.ulysses_sequence_parallel_size",
         "megarl splits long sequences with actor.parallel.cp (Megatron context parallelism)",
     ),
-    ignored(f"{A}.strategy", "megarl trains with Megatron"),
+    maps(f"{A}.strategy", "actor.backend", "fsdp and fsdp2 are megarl's fsdp backend (FSDP2)", strategy),
     ignored(f"{A}.rollout_n", "set by verl from rollout.n"),
     ignored(f"{A}.shuffle", "megarl's mini-batches take the step's rollouts in order"),
     ignored(f"{A}.data_loader_seed", "megarl seeds from trainer.seed"),
@@ -143,7 +144,7 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
     ignored(f"{REF}.log_prob_use_dynamic_bsz", "see log_prob_max_token_len_per_gpu"),
     *fsdp(f"{REF}.fsdp_config", "ref"),
     *ref_megatron(),
-    ignored(f"{REF}.strategy", "megarl runs the reference on Megatron"),
+    maps(f"{REF}.strategy", "ref.backend", "fsdp and fsdp2 are megarl's fsdp backend (FSDP2)", strategy),
     ignored(f"{REF}.rollout_n", "set by verl from rollout.n"),
     ignored(f"{REF}.use_torch_compile", "megarl does not torch.compile the reference"),
     ignored(f"{REF}.ulysses_sequence_parallel_size", "the reference runs with the actor's layout"),

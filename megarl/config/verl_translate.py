@@ -177,7 +177,8 @@ def command_line_rules(layer: Translation, earlier: list[dict[str, Any]]) -> lis
       the name of an RL config (grpo for grpo/drgrpo, else ppo), so `algorithm.adv_estimator=gae` on a
       GRPO config runs PPO instead of contradicting algorithm.name=grpo.
     - verl's FSDP actor has no tensor parallelism, but megarl's generation TP must divide the training
-      TP: rollout.tensor_model_parallel_size given without any training TP sets actor.parallel.tp to it.
+      TP: rollout.tensor_model_parallel_size given without any training TP sets actor.parallel.tp to it
+      (unless the actor is on the fsdp backend, whose engines take any rollout.tp dividing its devices).
     """
     notes: list[str] = []
     algorithm = layer.tree.get("algorithm", {})
@@ -187,8 +188,12 @@ def command_line_rules(layer: Translation, earlier: list[dict[str, Any]]) -> lis
         if (named or ["ppo"])[-1] in ("ppo", "grpo") and isinstance(estimator, str):
             algorithm["name"] = "grpo" if estimator in ("grpo", "drgrpo") else "ppo"
     key = f"{RO}.tensor_model_parallel_size"
-    if layer.sources.get("rollout.tp") == key and not any(
-        "tp" in t.get("actor", {}).get("parallel", {}) for t in [*earlier, layer.tree]
+    actors = [a for t in [*earlier, layer.tree] if isinstance(a := t.get("actor"), dict)]
+    fsdp_actor = [a["backend"] for a in actors if "backend" in a][-1:] == ["fsdp"]
+    if (
+        layer.sources.get("rollout.tp") == key
+        and not fsdp_actor
+        and not any("tp" in (a.get("parallel") or {}) for a in actors)
     ):
         tp = layer.tree["rollout"]["tp"]
         _set(layer, "actor.parallel.tp", tp, key)

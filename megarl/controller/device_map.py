@@ -24,8 +24,8 @@ cannot be pinned to a GPU index (nor, without custom resources, to a node), so R
 devices of each pool (never one GPU for two pools).
 
 Strategies: "megatron" (tp, pp, cp, ep, vpp, sequence_parallel; dp = devices / (tp·pp·cp)), "single"
-(exactly one device), "dp" (plain data parallelism over every device). "fsdp" needs the HF backend,
-which is not built yet: it is refused with that message.
+(exactly one device), "dp" (plain data parallelism over every device), "fsdp" (the role on the fsdp
+backend: the transformers model sharded with FSDP2 over every device; `apply` sets `<role>.backend`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from megarl.config.schema import MegarlConfig, ParallelConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout
 
 Strategy = Literal["megatron", "single", "dp", "fsdp"]
-STRATEGIES = ("megatron", "single", "dp")  # built; "fsdp" comes with the HF backend
+STRATEGIES = ("megatron", "single", "dp", "fsdp")
 ROLES = ("actor", "critic", "ref", "reward")
 _SIZES = ("tp", "pp", "cp", "ep")
 
@@ -67,11 +67,6 @@ class DeviceMap:
     def problems(self) -> list[str]:
         """Every problem of the map on its own (the cluster and the other roles are the config's checks)."""
         name = f"DeviceMap(strategy={self.strategy!r}, devices={show_devices(self.devices)})"
-        if self.strategy == "fsdp":
-            return [
-                f"{name}: strategy='fsdp' needs the HF backend (not built yet); use strategy='megatron', "
-                "'dp' or 'single'"
-            ]
         if self.strategy not in STRATEGIES:
             return [f"{name}: unknown strategy; use one of {', '.join(map(repr, STRATEGIES))}"]
         if not self.devices:
@@ -90,7 +85,7 @@ class DeviceMap:
         parallel = [f"{n}={getattr(self, n)}" for n in _SIZES if getattr(self, n) != 1]
         parallel += [f"vpp={self.vpp}"] * (self.vpp is not None)
         parallel += ["sequence_parallel=True"] * self.sequence_parallel
-        if self.strategy in ("single", "dp") and parallel:
+        if self.strategy in ("single", "dp", "fsdp") and parallel:
             problems.append(
                 f"{name}: strategy={self.strategy!r} has no model parallelism, but {', '.join(parallel)} is set; "
                 "use strategy='megatron' for it, or drop it"
@@ -128,6 +123,8 @@ class DeviceMap:
         section = getattr(cfg, role)
         section.devices = list(self.devices)
         section.parallel = self.parallel
+        if self.strategy == "fsdp" and role != "reward":
+            section.backend = "fsdp"
         if hasattr(section, "n_devices"):
             section.n_devices = None
         return cfg

@@ -56,7 +56,7 @@ class Worker:
         last_stage = c.pp == self.layout.pp - 1
         gen: dict[str, Any] = {}
         if self.rollout_tp is not None:
-            plan = GenerationPlan.for_layout(self.layout, self.rollout_tp)
+            plan = self.generation_plan()
             gen = {
                 "gen_dp_rank": plan.gen_dp_rank(self.env.rank),
                 "gen_dp_size": plan.gen_dp_size,
@@ -69,6 +69,11 @@ class Worker:
             collect=last_stage and c.tp == 0 and c.cp == 0,
             **gen,
         )
+
+    def generation_plan(self):
+        """The layout of the colocated rollout engine over this world (which ranks form a generation
+        replica): the 3D-HybridEngine's plan of the training layout."""
+        return GenerationPlan.for_layout(self.layout, self.rollout_tp)
 
     @register(Dispatch.ONE_TO_ALL)
     def coordinates(self) -> dict[str, Any]:

@@ -7,11 +7,13 @@
       3. generate this generation replica's prompts
       4. put the engine to sleep (GPU: frees weights and KV cache), reload the training state
 
-The engine's TP groups are the plan's (strided inside each training TP group), so the reshard moves
-only the bytes of the plan's floor. One HybridEngine per actor rank; every rank of the training world
-takes part in every call (the reshard is collective). Its collaborators are given explicitly: the
-actor's model chunks, architecture and layout, the rollout spec, and the offload/reload callables that
-set the training state aside (each returns its report dicts).
+The engine's TP groups are the backend's plan (Megatron: strided inside each training TP group; FSDP:
+runs of consecutive ranks), so the weight source moves only the bytes of the plan's floor. One
+HybridEngine per actor rank; every rank of the training world takes part in every call (the sync is
+collective). Its collaborators are given explicitly: the weight source (anything with
+`buckets(stats)` yielding this rank's HF tensors: megarl.hybrid.reshard.Resharder for megatron shards,
+megarl.fsdp.weight_sync for FSDP ones), the generation TP groups, the rollout spec, and the
+offload/reload callables that set the training state aside (each returns its report dicts).
 """
 
 from __future__ import annotations
@@ -19,26 +21,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from megarl.distributed.generation_plan import GenerationPlan
-from megarl.hybrid.reshard import Resharder, ReshardStats
+from megarl.hybrid.reshard import HFBucket, ReshardStats
 from megarl.protocol import Batch
 
 if TYPE_CHECKING:
-    import torch
+    from collections.abc import Iterator
 
     from megarl.config.roles import RolloutSpec
-    from megarl.distributed.layout import ParallelLayout
-    from megarl.models.from_hf import ModelArchitecture
+
+
+class WeightSource(Protocol):
+    """What streams this rank's share of the current weights into its engine, counting what it moves."""
+
+    def buckets(self, stats: ReshardStats) -> Iterator[HFBucket]: ...
 
 
 class HybridEngine:
     def __init__(
         self,
-        chunks: list[torch.nn.Module],
-        arch: ModelArchitecture,
-        layout: ParallelLayout,
+        source: WeightSource,
+        tp_groups: list[list[int]],
         rollout: RolloutSpec,
         offload: Callable[[], list[dict]],
         reload: Callable[[], list[dict]],
@@ -48,11 +52,8 @@ class HybridEngine:
         r = rollout.rollout
         self.sampling = r  # training rollouts; r.val for validation
         self.offload, self.reload = offload, reload
-        self.plan = GenerationPlan.for_layout(layout, r.tp, arch.num_kv_heads)
-        self.resharder = Resharder(
-            chunks, arch, self.plan, bucket_bytes=r.reshard_bucket_mib << 20, naive=r.naive_reshard
-        )
-        self.rollout = VLLMRollout(rollout, tp_groups=self.plan.gen_tp_groups)
+        self.source = source
+        self.rollout = VLLMRollout(rollout, tp_groups=tp_groups)
         self.rollout.sleep()  # frees device memory for training; a no-op on CPU
         self.last_stats: ReshardStats | None = None  # this rank's numbers of the latest sync
 
@@ -60,7 +61,7 @@ class HybridEngine:
         """Reshard the current training weights into the engine (collective over the world)."""
         stats = ReshardStats()
         self.rollout.wake_up(["weights"])
-        for bucket in self.resharder.buckets(stats):
+        for bucket in self.source.buckets(stats):
             start = time.perf_counter()
             stats.engine_loader = self.rollout.load_weights(bucket)
             stats.seconds["engine_load"] = stats.seconds.get("engine_load", 0.0) + time.perf_counter() - start

@@ -245,13 +245,19 @@ def _reload(owner, state: str) -> OffloadReport:
 # --- the state of a role ---------------------------------------------------------------------------
 
 
+def _local(tensor):
+    """This rank's tensor: an FSDP2 parameter, gradient or Adam moment is a DTensor over its shard."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _params(chunks: list[torch.nn.Module]):
-    return (p for chunk in chunks for p in chunk.parameters())
+    return (_local(p) for chunk in chunks for p in chunk.parameters())
 
 
 def _grads(chunks: list[torch.nn.Module]):
     # DDP accumulates into param.main_grad (views of its grad buffer); plain modules into param.grad.
-    return (p.main_grad if hasattr(p, "main_grad") else p.grad for p in _params(chunks))
+    params = (p for chunk in chunks for p in chunk.parameters())
+    return (_local(p.main_grad if hasattr(p, "main_grad") else p.grad) for p in params)
 
 
 def offload_params(chunks: list[torch.nn.Module], target: OffloadTarget | None = None) -> OffloadReport:
@@ -278,15 +284,19 @@ def reload_grads(chunks: list[torch.nn.Module]) -> OffloadReport:
 
 
 def _optimizer_tensors(optimizer):
-    """Main parameters and state of every torch optimizer inside a megatron (chained) optimizer."""
-    for megatron_opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = megatron_opt.optimizer
+    """Main parameters and state of every torch optimizer inside a megatron (chained) optimizer, or of
+    a torch optimizer itself (an FSDP role's)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        inners = [optimizer]
+    else:
+        inners = [m.optimizer for m in getattr(optimizer, "chained_optimizers", [optimizer])]
+    for inner in inners:
         if inner is None:
             continue
         for group in inner.param_groups:
-            yield from group["params"]
+            yield from (_local(p) for p in group["params"])
         for state in inner.state.values():
-            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+            yield from (_local(v) for v in state.values() if isinstance(v, torch.Tensor))
 
 
 def offload_optimizer(opt: TrainOptimizer, target: OffloadTarget | None = None) -> OffloadReport:

@@ -101,9 +101,6 @@ def enabled_roles(cfg: MegarlConfig) -> list[str]:
 
 def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     """Start every worker group `cfg` (resolved) needs; on failure, whatever started is shut down."""
-    from megarl.workers.actor import ActorWorker
-    from megarl.workers.critic import CriticWorker
-    from megarl.workers.reference import ReferenceWorker
     from megarl.workers.reward_trainer import RewardTrainerWorker
 
     backend = group_backend(cfg)
@@ -124,7 +121,8 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     try:
         # the rm job trains a reward model in the actor's place (its layout, batching and optimizer)
         trains_rm = cfg.algorithm.name == "rm"
-        actor_cls = RewardTrainerWorker if trains_rm else ActorWorker
+        actor_cls = RewardTrainerWorker if trains_rm else worker_class(cfg, "actor")
+        ReferenceWorker, CriticWorker = worker_class(cfg, "ref"), worker_class(cfg, "critic")
         colocated: dict[str, tuple[type, dict]] = {
             "actor": (actor_cls, {"spec": role_spec(cfg, "actor", total_steps)})
         }
@@ -167,6 +165,23 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
 
         is_writer = dist.get_rank() == 0
     return RoleGroups(actor, ref, critic, reward_model, is_writer, tuple(pools.values()))
+
+
+def worker_class(cfg: MegarlConfig, role: str) -> type:
+    """The worker class of `role` ("actor", "ref" or "critic") on its backend (`<role>.backend`)."""
+    if cfg.backend_of(role) == "fsdp":
+        from megarl.fsdp import roles as fsdp_roles
+
+        return {
+            "actor": fsdp_roles.FSDPActorWorker,
+            "ref": fsdp_roles.FSDPReferenceWorker,
+            "critic": fsdp_roles.FSDPCriticWorker,
+        }[role]
+    from megarl.workers.actor import ActorWorker
+    from megarl.workers.critic import CriticWorker
+    from megarl.workers.reference import ReferenceWorker
+
+    return {"actor": ActorWorker, "ref": ReferenceWorker, "critic": CriticWorker}[role]
 
 
 def group_backend(cfg: MegarlConfig) -> Backend:

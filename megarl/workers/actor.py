@@ -1,4 +1,5 @@
-"""ActorWorker: the trained policy, on megatron-core, with its colocated rollout engine.
+"""ActorWorker: the trained policy, with its colocated rollout engine (on megatron-core; the FSDP twin
+is megarl.fsdp.roles.FSDPActorWorker, the same logic in `ActorRole`).
 
     log_prob(batch)      -> Batch(old_log_probs [n, R], entropy [n, R])
     update(batch)        -> metrics dict (PPO epochs × mini-batches × micro-batches, one optimizer step
@@ -34,6 +35,7 @@ from megarl.models.forward import vocab_parallel_entropy
 from megarl.protocol import Batch, Col
 from megarl.workers.log_probs import response_log_probs, token_log_probs
 from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.model_worker import ModelWorker
 from megarl.workers.sequences import sequences_from_batch
 from megarl.workers.train_loop import GlobalCounts, train_minibatches
 
@@ -41,7 +43,9 @@ if TYPE_CHECKING:
     from megarl.hybrid.engine import HybridEngine
 
 
-class ActorWorker(MegatronWorker):
+class ActorRole(ModelWorker):
+    """The actor's logic on either backend (the backend class comes after it in the bases)."""
+
     def __init__(self, spec: RoleSpec) -> None:
         if not spec.trainable or spec.algorithm is None or spec.rollout is None:
             raise ValueError(f"the actor needs a trained role's spec with a rollout; got {spec.role!r}")
@@ -69,10 +73,10 @@ class ActorWorker(MegatronWorker):
 
         self.check_loaded()
         if self.hybrid is None:
+            tp_groups, source = self.generation_source(self.rollout_spec.rollout)
             self.hybrid = HybridEngine(
-                self.chunks,
-                self.arch,
-                self.layout,
+                source,
+                tp_groups,
                 self.rollout_spec,
                 offload=lambda: self.offload(params=False),
                 reload=self.reload,
@@ -219,7 +223,8 @@ class ActorWorker(MegatronWorker):
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> str:
         """Write the current weights as a Hugging Face checkpoint at `out_dir` (collective); returns it."""
-        from megarl.checkpoint.hf_export import export_hf
+        return self.write_hf(out_dir)
 
-        self.check_loaded()
-        return str(export_hf(self.chunks, self.arch, self.spec.model.path, out_dir))
+
+class ActorWorker(ActorRole, MegatronWorker):
+    """The actor on megatron-core."""

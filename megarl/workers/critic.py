@@ -19,19 +19,19 @@ from megarl.controller.dispatch import Dispatch, register
 from megarl.models.from_hf import ModelArchitecture
 from megarl.protocol import Batch
 from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.model_worker import ModelWorker
 from megarl.workers.sequences import sequences_from_batch
 from megarl.workers.train_loop import GlobalCounts, train_minibatches
 
 
-class CriticWorker(MegatronWorker):
+class CriticRole(ModelWorker):
+    """The critic's logic on either backend (the backend class comes after it in the bases)."""
+
     def __init__(self, spec: RoleSpec) -> None:
         if not spec.trainable or spec.algorithm is None:
             raise ValueError(f"the critic needs a trained role's spec; got {spec.role!r}")
         self.algorithm: AlgorithmConfig = spec.algorithm  # the check above: it is set
         super().__init__(spec)
-
-    def _architecture(self) -> ModelArchitecture:
-        return super()._architecture().with_scalar_head()
 
     @staticmethod
     def _token_values(mb: dict, output: torch.Tensor) -> torch.Tensor:
@@ -74,3 +74,10 @@ class CriticWorker(MegatronWorker):
         out = {f"critic/{k}": torch.as_tensor(v, dtype=torch.float64) * share for k, v in metrics.items()}
         out["critic/vf_loss"] = loss.detach()
         return loss, out
+
+
+class CriticWorker(CriticRole, MegatronWorker):
+    """The critic on megatron-core: the policy checkpoint's LM head replaced by a fresh scalar head."""
+
+    def _architecture(self) -> ModelArchitecture:
+        return super()._architecture().with_scalar_head()

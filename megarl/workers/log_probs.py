@@ -1,4 +1,4 @@
-"""Per-token log-probs (and entropy) of the responses under a Megatron policy: the code the actor and
+"""Per-token log-probs (and entropy) of the responses under a policy of either backend: the code the actor and
 the reference share.
 
 Computed vocabulary-parallel (each TP rank keeps its slice of the logits; only per-token scalars are
@@ -15,7 +15,7 @@ from megarl.models.forward import (
     vocab_parallel_sum_pi_squared,
 )
 from megarl.protocol import Batch
-from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.model_worker import ModelWorker
 from megarl.workers.sequences import sequences_from_batch
 
 
@@ -34,9 +34,7 @@ def token_log_probs(
 TOKEN_STATS = {"entropy": vocab_parallel_entropy, "sum_pi_squared": vocab_parallel_sum_pi_squared}
 
 
-def response_log_probs(
-    worker: MegatronWorker, batch: Batch, column: str, stats: tuple[str, ...] = ()
-) -> Batch:
+def response_log_probs(worker: ModelWorker, batch: Batch, column: str, stats: tuple[str, ...] = ()) -> Batch:
     """Batch(`column` [n, R]) of the worker's policy, plus each of `stats` (names in TOKEN_STATS) [n, R],
     0 on padding."""
     seqs = sequences_from_batch(batch)

@@ -2,7 +2,7 @@
 
 A paired loss (dpo, ipo, orpo, simpo) needs both answers of a pair in the same micro-batch: the batch's
 rows come interleaved (chosen0, rejected0, chosen1, …) and the micro-batches are cut in units of two
-rows (`MegatronWorker.microbatches(group=2)`), so row 2i+1 of a micro-batch is the rejected answer of
+rows (`ModelWorker.microbatches(group=2)`), so row 2i+1 of a micro-batch is the rejected answer of
 row 2i. Each micro-batch returns its pairs' losses summed and divided by the batch's pair count (and
 metrics the same way), which train_minibatches scales so that any DP/micro-batch split gives the
 same loss and gradient.

@@ -13,9 +13,12 @@ from megarl.controller.dispatch import Dispatch, register
 from megarl.protocol import Batch
 from megarl.workers.log_probs import response_log_probs
 from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.model_worker import ModelWorker
 
 
-class ReferenceWorker(MegatronWorker):
+class ReferenceRole(ModelWorker):
+    """The reference's logic on either backend."""
+
     def __init__(self, spec: RoleSpec) -> None:
         if spec.trainable:
             raise ValueError(f"the reference is frozen; got the spec of the trained {spec.role!r} role")
@@ -25,3 +28,7 @@ class ReferenceWorker(MegatronWorker):
     def ref_log_prob(self, batch: Batch) -> Batch:
         """The reference policy's log-prob of every response token (0 on padding)."""
         return response_log_probs(self, batch, "ref_log_probs")
+
+
+class ReferenceWorker(ReferenceRole, MegatronWorker):
+    """The reference on megatron-core."""

@@ -16,6 +16,7 @@ from megarl.controller.dispatch import Dispatch, register
 from megarl.models.from_hf import ModelArchitecture
 from megarl.protocol import Batch
 from megarl.workers.megatron_worker import MegatronWorker
+from megarl.workers.model_worker import ModelWorker
 from megarl.workers.sequences import sequences_from_batch
 
 
@@ -39,7 +40,7 @@ class RewardModelWorker(MegatronWorker):
         return last_token_scores(self, batch)
 
 
-def last_token_scores(worker: MegatronWorker, batch: Batch) -> Batch:
+def last_token_scores(worker: ModelWorker, batch: Batch) -> Batch:
     """Batch(rm_scores [n]): a scalar-head model's output at the last real token of each row (the frozen
     reward model's scores, and the one being trained: megarl.workers.reward_trainer)."""
     seqs = sequences_from_batch(batch)

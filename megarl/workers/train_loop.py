@@ -1,4 +1,4 @@
-"""The mini-batch training loop of a trained Megatron role (actor, critic): epochs × mini-batches ×
+"""The mini-batch training loop of a trained role (actor, critic) on either backend: epochs × mini-batches ×
 micro-batches, one optimizer step per mini-batch.
 
 Loss normalisation: the loss of a mini-batch is defined over the WHOLE mini-batch (all micro-batches on
@@ -17,8 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megarl.models.forward import run_microbatches
-from megarl.workers.megatron_worker import MegatronWorker, from_last_stage
+from megarl.workers.model_worker import ModelWorker, from_last_stage
 from megarl.workers.sequences import Sequences
 
 
@@ -44,7 +43,7 @@ TrainLossFn = Callable[[dict, torch.Tensor, GlobalCounts], tuple[torch.Tensor, d
 
 
 def train_minibatches(
-    worker: MegatronWorker,
+    worker: ModelWorker,
     seqs: Sequences,
     fields: dict[str, torch.Tensor],
     loss_fn: TrainLossFn,
@@ -54,7 +53,7 @@ def train_minibatches(
     at: str = "index",
 ) -> dict[str, float]:
     """`epochs` passes of optimizer steps of `worker` over mini-batches of `mini_batch_size` local
-    sequences (`group` consecutive rows always share a micro-batch: see MegatronWorker.microbatches);
+    sequences (`group` consecutive rows always share a micro-batch: see ModelWorker.microbatches);
     `loss_fn` gets the model's output at the micro-batch's `at` positions (the response tokens, or
     "last_index": each sequence's last token). Returns metrics averaged over the optimizer steps (every
     rank returns the same), and
@@ -93,7 +92,7 @@ def train_minibatches(
                 }
 
             optimizer.zero_grad()
-            outs = run_microbatches(worker.chunks, mbs, scaled, forward_only=False, at=at)
+            outs = worker.run_microbatches(mbs, scaled, forward_only=False, at=at)
             step = optimizer.step()
             bad_updates += bool(step.pop("nonfinite"))
             metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)

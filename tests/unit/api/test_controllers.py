@@ -144,10 +144,15 @@ def test_flow_run_needs_steps_or_a_batch_and_a_trainer():
         flow.run(steps=2)
 
 
-def test_the_trained_roles_run_on_megatron_until_the_hf_backend_exists():
-    with pytest.raises(ControllerError, match="HF/FSDP backend is not built yet"):
-        megarl.ActorController("m", backend="fsdp")
-    assert megarl.CriticController(backend="megatron").settings == {}
+def test_a_trained_role_picks_its_backend_by_name_or_by_its_device_map():
+    assert megarl.ActorController("m").section()["backend"] == "megatron"
+    assert megarl.ActorController("m", backend="fsdp").section()["backend"] == "fsdp"
+    fsdp_map = megarl.DeviceMap("fsdp", ["cpu:0", "cpu:1"])
+    assert megarl.CriticController(devices=fsdp_map).section()["backend"] == "fsdp"
+    with pytest.raises(ControllerError, match="backend='megatron' .megatron-core. or backend='fsdp'"):
+        megarl.ActorController("m", backend="deepspeed")
+    with pytest.raises(ControllerError, match="the map runs the role on FSDP; drop backend="):
+        megarl.CriticController(backend="megatron", devices=fsdp_map)
 
 
 def test_flow_run_trains_the_steps_or_epochs_it_is_given_more():

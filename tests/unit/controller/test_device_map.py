@@ -35,6 +35,13 @@ def test_megarl_single_and_dp_maps_give_their_layouts():
     assert hash(m) == hash(DeviceMap(devices=("cuda:0", "cuda:1", "cuda:2", "cuda:3"), tp=2))
 
 
+def test_an_fsdp_map_puts_the_role_on_the_fsdp_backend():
+    cfg = MegarlConfig()
+    DeviceMap("fsdp", ["cpu:0", "cpu:1"]).apply(cfg, "critic")
+    assert (cfg.critic.backend, cfg.critic.devices, cfg.critic.parallel.tp) == ("fsdp", ["cpu:0", "cpu:1"], 1)
+    assert cfg.actor.backend == "megatron"
+
+
 def test_apply_writes_the_config_and_python_equals_yaml():
     cfg = _ppo()
     DeviceMap("megatron", ["cpu:0", "cpu:1"], tp=2).apply(cfg, "actor")
@@ -87,13 +94,13 @@ def test_an_applied_map_is_checked_with_the_other_roles_by_validate():
 
 INVALID = [
     (
-        dict(strategy="fsdp", devices=["cuda:0", "cuda:1"]),
-        "DeviceMap(strategy='fsdp', devices=[cuda:0, cuda:1]): strategy='fsdp' needs the HF backend (not built yet); "
-        "use strategy='megatron', 'dp' or 'single'",
+        dict(strategy="fsdp", devices=["cuda:0", "cuda:1"], tp=2),
+        "DeviceMap(strategy='fsdp', devices=[cuda:0, cuda:1]): strategy='fsdp' has no model parallelism, but tp=2 "
+        "is set; use strategy='megatron' for it, or drop it",
     ),
     (
         dict(strategy="zero3", devices=["cuda:0"]),
-        "DeviceMap(strategy='zero3', devices=[cuda:0]): unknown strategy; use one of 'megatron', 'single', 'dp'",
+        "DeviceMap(strategy='zero3', devices=[cuda:0]): unknown strategy; use one of 'megatron', 'single', 'dp', 'fsdp'",
     ),
     (
         dict(strategy="megatron", devices=[]),

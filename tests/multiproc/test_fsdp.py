@@ -1,0 +1,47 @@
+"""The FSDP roles (megarl.fsdp) against the Megatron roles and transformers (fp32, CPU): the same step-1
+log-probs, loss and gradient norm, the same update, at DP2 and DP1 (one launch of
+tests/multiproc/fsdp_checks.py at each world size)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(torchrun, tiny_models, tiny_reward_models) -> dict[int, dict]:
+    args = [tiny_models["llama"], tiny_reward_models["llama"]]
+    return {n: torchrun("tests.multiproc.fsdp_checks", args, nproc=n, timeout=600).results[0] for n in (2, 1)}
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+@pytest.mark.parametrize("world", [2, 1])
+def test_fsdp_actor_matches_megatron(fsdp_runs, world):
+    runs = fsdp_runs[world]
+    megatron, fsdp = runs["megatron"], runs["fsdp"]
+    for run in (megatron, fsdp, runs["fsdp_packed"]):
+        assert run["log_prob_vs_hf"] < 5e-5 and run["entropy_vs_hf"] < 5e-5 and run["ref_vs_hf"] < 5e-5, run
+    for run in (fsdp, runs["fsdp_packed"]):
+        assert rel(run["pg_loss"], megatron["pg_loss"]) < 1e-5
+        assert rel(run["grad_norm"], megatron["grad_norm"]) < 1e-5
+        assert run["moved"] > 1e-3  # the update changed the policy ...
+        assert run["after_vs_megatron"] < 1e-4  # ... as Megatron's did
+
+
+def test_fsdp_dp2_update_equals_dp1(fsdp_runs):
+    dp2, dp1 = fsdp_runs[2]["fsdp"], fsdp_runs[1]["fsdp"]
+    assert rel(dp2["pg_loss"], dp1["pg_loss"]) < 1e-5 and rel(dp2["grad_norm"], dp1["grad_norm"]) < 1e-5
+    assert torch.allclose(torch.tensor(dp2["after"]), torch.tensor(dp1["after"]), atol=1e-5, rtol=0)
+
+
+def test_fsdp_critic_matches_megatron(fsdp_runs):
+    runs = fsdp_runs[2]
+    megatron, fsdp = runs["critic_megatron"], runs["critic_fsdp"]
+    assert megatron["values_vs_hf"] < 5e-5 and fsdp["values_vs_hf"] < 5e-5
+    assert rel(fsdp["grad_norm"], megatron["grad_norm"]) < 1e-5
+    assert fsdp["vf_losses"][-1] < fsdp["vf_losses"][0]
+    for a, b in zip(fsdp["vf_losses"], megatron["vf_losses"]):
+        assert rel(a, b) < 1e-4
