@@ -35,10 +35,12 @@ def load_model(spec: RoleSpec, head: Head) -> torch.nn.Module:
         if head == "lm":
             model = AutoModelForCausalLM.from_pretrained(model_spec.path, **kwargs)
         else:
-            # no dropout before the value head (transformers defaults classifier_dropout to 0.1; verl sets 0)
-            model = AutoModelForTokenClassification.from_pretrained(
-                model_spec.path, num_labels=1, classifier_dropout=0.0, **kwargs
-            )
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(model_spec.path, trust_remote_code=model_spec.trust_remote_code)
+            # one label; no dropout before the value head (transformers' default is 0.1, verl sets 0)
+            config.num_labels, config.classifier_dropout = 1, 0.0
+            model = AutoModelForTokenClassification.from_pretrained(model_spec.path, config=config, **kwargs)
     model.config.use_cache = False
     return model.to(platform().device)
 

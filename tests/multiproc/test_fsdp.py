@@ -34,7 +34,8 @@ def test_fsdp_actor_matches_megatron(fsdp_runs, world):
 def test_fsdp_dp2_update_equals_dp1(fsdp_runs):
     dp2, dp1 = fsdp_runs[2]["fsdp"], fsdp_runs[1]["fsdp"]
     assert rel(dp2["pg_loss"], dp1["pg_loss"]) < 1e-5 and rel(dp2["grad_norm"], dp1["grad_norm"]) < 1e-5
-    assert torch.allclose(torch.tensor(dp2["after"]), torch.tensor(dp1["after"]), atol=1e-5, rtol=0)
+    # the log-probs after the update read every parameter: the same within 1e-5 relative
+    assert torch.allclose(torch.tensor(dp2["after"]), torch.tensor(dp1["after"]), rtol=1e-5, atol=1e-6)
 
 
 def test_fsdp_critic_matches_megatron(fsdp_runs):
