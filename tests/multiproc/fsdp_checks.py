@@ -17,7 +17,7 @@ from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
 from megarl.workers.reference import ReferenceWorker
-from tests.multiproc.policy_checks import N, RESPONSE, config, hf_reference, max_diff, rollout_batch
+from tests.multiproc.policy_checks import RESPONSE, N, config, hf_reference, max_diff, rollout_batch
 
 
 def run_actor(cfg, backend: str, batch: Batch) -> dict:
