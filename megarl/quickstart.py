@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +66,12 @@ class TaskSetup:
         return [str(self.data / "val.parquet")]
 
 
-def prepare(out: Path, seed: int = 0, log: Callable[[int, str], float] | None = None) -> TaskSetup:
+def prepare(
+    out: Path, seed: int = 0, log: Callable[[int, str], float] | None = None, overrides: Sequence[str] = ()
+) -> TaskSetup:
     """Steps 1–3 of the quickstart under `out` (kept: a second call with the same `out` reuses them): the
-    tiny Llama, the task's data and the SFT'd policy. The examples start from it."""
+    tiny Llama, the task's data and the SFT'd policy (`overrides` on the SFT config). The examples start
+    from it."""
     from megarl.config import load_config
     from megarl.data.tasks import make_task
     from megarl.models.tiny import build_tiny_hf
@@ -90,7 +93,7 @@ def prepare(out: Path, seed: int = 0, log: Callable[[int, str], float] | None = 
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     start = step(3, "SFT warm-start (configs/quickstart_sft.yaml)")
-    with SFTTrainer(load_config(CONFIGS / "quickstart_sft.yaml", sft_overrides)) as trainer:
+    with SFTTrainer(load_config(CONFIGS / "quickstart_sft.yaml", [*sft_overrides, *overrides])) as trainer:
         trainer.fit()
     print(f"      done in {time.perf_counter() - start:.1f}s")
     return setup
@@ -108,7 +111,10 @@ def task_config(setup: TaskSetup, out: str | Path, **keys: object) -> dict:
     return {**tree, **keys}
 
 
-def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> int:
+def run_quickstart(
+    out: Path, seed: int = 0, grpo_steps: int | None = None, overrides: Sequence[str] = ()
+) -> int:
+    """Steps 1–4; `overrides` apply to both the SFT and the GRPO config (e.g. actor.backend=fsdp)."""
     from megarl.config import load_config
     from megarl.trainer.rl_trainer import RLTrainer
 
@@ -117,7 +123,8 @@ def run_quickstart(out: Path, seed: int = 0, grpo_steps: int | None = None) -> i
     _, grpo_overrides = quickstart_overrides(out, seed)
     if grpo_steps is not None:
         grpo_overrides.append(f"trainer.total_steps={grpo_steps}")
-    prepare(out, seed, log=_step)
+    prepare(out, seed, log=_step, overrides=overrides)
+    grpo_overrides += overrides
 
     start = _step(4, "GRPO through the 3D-HybridEngine (configs/quickstart_grpo.yaml)")
     with RLTrainer(load_config(CONFIGS / "quickstart_grpo.yaml", grpo_overrides)) as trainer:

@@ -37,7 +37,9 @@ def load_model(spec: RoleSpec, head: Head) -> torch.nn.Module:
         else:
             from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(model_spec.path, trust_remote_code=model_spec.trust_remote_code)
+            config = AutoConfig.from_pretrained(
+                model_spec.path, trust_remote_code=model_spec.trust_remote_code
+            )
             # one label; no dropout before the value head (transformers' default is 0.1, verl sets 0)
             config.num_labels, config.classifier_dropout = 1, 0.0
             model = AutoModelForTokenClassification.from_pretrained(model_spec.path, config=config, **kwargs)
