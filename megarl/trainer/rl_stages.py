@@ -88,6 +88,9 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
                 seconds["offload"] + seconds["sync"] + seconds["reload"]
             )
             ctx.metrics["generate/engine_seconds"] = seconds["generate"]
+            # what the weight sync moved into this replica's engine, over the plan's floor (1.00 = the floor)
+            ctx.metrics["generate/sync_received_bytes"] = report["reshard"]["received_bytes"]
+            ctx.metrics["generate/sync_bytes_over_floor"] = report["reshard"]["ratio"]
         return out
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())

@@ -170,7 +170,7 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
 def worker_class(cfg: MegarlConfig, role: str) -> type:
     """The worker class of `role` ("actor", "ref" or "critic") on its backend (`<role>.backend`)."""
     if cfg.backend_of(role) == "fsdp":
-        from megarl.fsdp import roles as fsdp_roles
+        from megarl.workers import fsdp_roles
 
         return {
             "actor": fsdp_roles.FSDPActorWorker,

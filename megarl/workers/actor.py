@@ -1,5 +1,5 @@
 """ActorWorker: the trained policy, with its colocated rollout engine (on megatron-core; the FSDP twin
-is megarl.fsdp.roles.FSDPActorWorker, the same logic in `ActorRole`).
+is megarl.workers.fsdp_roles.FSDPActorWorker, the same logic in `ActorRole`).
 
     log_prob(batch)      -> Batch(old_log_probs [n, R], entropy [n, R])
     update(batch)        -> metrics dict (PPO epochs × mini-batches × micro-batches, one optimizer step

@@ -4,7 +4,7 @@ It is built from its role's resolved spec (`megarl.config.roles.role_spec`): it 
 model chunks for the role's layout and loads the HF weights, wraps them for training (megatron DDP +
 megatron's optimizer) when the spec has an optimizer, and runs micro-batches through megatron's pipeline
 schedule. What every backend does alike (micro-batching, forward-only passes, offload, profiling) is
-`megarl.workers.model_worker.ModelWorker`; the FSDP twin is `megarl.fsdp.worker.FSDPWorker`.
+`megarl.workers.model_worker.ModelWorker`; the FSDP twin is `megarl.workers.fsdp_worker.FSDPWorker`.
 """
 
 from __future__ import annotations

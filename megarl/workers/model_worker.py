@@ -5,7 +5,7 @@ module) and optimizer; splits the sequences of a Batch into micro-batches (by co
 token budget, packed) and runs them through the backend's `run_microbatches`; offloads and reloads the
 model's state; profiles calls. Per-token results come back in the Batch's [n, R] layout and, under PP,
 are broadcast from the last stage so every rank of a replica returns the same thing. The backends:
-`megarl.workers.megatron_worker.MegatronWorker` and `megarl.fsdp.worker.FSDPWorker`; the training loop
+`megarl.workers.megatron_worker.MegatronWorker` and `megarl.workers.fsdp_worker.FSDPWorker`; the training loop
 over mini-batches is `megarl.workers.train_loop`, the roles' own logic `megarl.workers.actor` & co.
 """
 

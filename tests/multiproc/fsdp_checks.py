@@ -12,7 +12,7 @@ import torch
 
 from megarl.config.roles import role_spec
 from megarl.controller.group import make_colocated_groups, make_worker_group
-from megarl.fsdp.roles import FSDPActorWorker, FSDPCriticWorker, FSDPReferenceWorker
+from megarl.workers.fsdp_roles import FSDPActorWorker, FSDPCriticWorker, FSDPReferenceWorker
 from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
