@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from megarl.workers.fsdp_worker import FSDPWorker
 from megarl.workers.actor import ActorRole
 from megarl.workers.critic import CriticRole
+from megarl.workers.fsdp_worker import FSDPWorker
 from megarl.workers.reference import ReferenceRole
 
 

@@ -12,10 +12,10 @@ import torch
 
 from megarl.config.roles import role_spec
 from megarl.controller.group import make_colocated_groups, make_worker_group
-from megarl.workers.fsdp_roles import FSDPActorWorker, FSDPCriticWorker, FSDPReferenceWorker
 from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
+from megarl.workers.fsdp_roles import FSDPActorWorker, FSDPCriticWorker, FSDPReferenceWorker
 from megarl.workers.reference import ReferenceWorker
 from tests.multiproc.policy_checks import RESPONSE, N, config, hf_reference, max_diff, rollout_batch
 
