@@ -39,7 +39,9 @@ class ModelWorker(Worker):
     packed_thd: bool = False
     arch: Any
 
-    def __init__(self, spec: RoleSpec, layout_kwargs: dict) -> None:
+    def __init__(self, spec: RoleSpec, layout_kwargs: dict | None = None) -> None:
+        """`layout_kwargs`: the megatron parallel layout the backend class runs at (the role classes pass
+        only `spec`, and the backend class after them in the bases adds its layout)."""
         super().__init__(
             layout_kwargs=layout_kwargs, rollout_tp=spec.rollout.rollout.tp if spec.rollout else None
         )
