@@ -123,7 +123,7 @@ def wrong_backend(role_dir: Path, meta: dict[str, Any], expected: str) -> Checkp
     role = meta.get("role", "<role>")
     return CheckpointError(
         f"{role_dir}: this role's checkpoint was written by the {saved} backend; set {role}.backend={saved} "
-        f"to resume it (it cannot be loaded into a {expected} model)"
+        f"to resume it (the {expected} backend cannot load it)"
     )
 
 

@@ -29,6 +29,7 @@ GLOBAL_BATCH, SEQ = 4, 16
 OPTIMIZER = OptimizerConfig(lr=1e-3, min_lr=1e-4, lr_warmup_steps=1, lr_decay_style="cosine", clip_grad=1.0)
 TOTAL_STEPS = 6
 META = {"dtype": "fp32", "role": "actor"}
+WIDER = 4096  # the hidden size of the "other model" a damaged checkpoint claims
 
 
 def build(hf: str) -> tuple[torch.nn.Module, FSDPOptimizer]:
@@ -63,10 +64,11 @@ def train_step(model, optimizer: FSDPOptimizer) -> dict[str, float]:
 
 
 def full_weights(model) -> dict[str, torch.Tensor]:
-    """Every rank: the full weights (gathered; rank 0 keeps them, the others get {})."""
+    """Every rank: a copy of the full weights (gathered; rank 0 keeps them, the others get {})."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.clone() for k, v in full.items()}  # at world 1 they are the parameters themselves
 
 
 def local_shards(model) -> list[torch.Tensor]:
@@ -136,7 +138,7 @@ def damaged_checkpoints(ckpt: Path, work: Path, model, optimizer, hf: str) -> di
     other = copy_checkpoint(ckpt, work / "other_model")
     if dist.get_rank() == 0:  # as if saved from a wider model: the metadata says so, the manifest agrees
         meta = json.loads((other / "megarl_checkpoint.json").read_text())
-        meta["architecture"]["hidden_size"] = 128
+        meta["architecture"]["hidden_size"] = WIDER
         (other / "megarl_checkpoint.json").write_text(json.dumps(meta))
         (other / mf.MANIFEST_FILE).unlink()
         mf.write_manifest(other)

@@ -65,7 +65,7 @@ def test_hf_export_is_the_models_own_save_pretrained_layout(world2):
         ("truncated", "is truncated or altered"),
         ("corrupt", "is corrupt: CRC-32"),
         ("incomplete", "has no manifest.json: the save never completed"),
-        ("other_model", "was saved from a model with hidden_size 128"),
+        ("other_model", "was saved from a model with hidden_size 4096"),
         (
             "megatron",
             "this role's checkpoint was written by the megatron backend; set actor.backend=megatron",

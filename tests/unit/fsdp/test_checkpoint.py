@@ -58,7 +58,7 @@ def test_the_megatron_loader_refuses_an_fsdp_checkpoint_by_its_backend(tiny_mode
         load_train_state([], None, ckpt)
     assert str(error.value) == (
         f"{ckpt}: this role's checkpoint was written by the fsdp backend; set actor.backend=fsdp to resume "
-        "it (it cannot be loaded into a megatron model)"
+        "it (the megatron backend cannot load it)"
     )
 
 
@@ -87,4 +87,24 @@ def test_hf_fingerprint_is_the_same_from_a_config_and_from_its_json(tiny_models,
         f"{tmp_path} was saved from a model with hidden_size {2 * config.hidden_size}, num_hidden_layers 9; "
         f"the config's model ({source}) has hidden_size {config.hidden_size}, num_hidden_layers "
         f"{config.num_hidden_layers}; point trainer.resume at a checkpoint of this model or change model.path"
+    )
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_dcp_of_other_shapes_or_keys_is_refused_before_reading_a_tensor(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from megarl.fsdp.checkpoint import _check_matches
+
+    dcp.save(
+        {"embed.weight": torch.zeros(8, 4), "norm.weight": torch.ones(4)},
+        checkpoint_id=tmp_path / "model",
+        no_dist=True,
+    )
+    ours = {"embed.weight": torch.zeros(9, 4), "norm.weight": torch.ones(4), "head.weight": torch.zeros(2, 4)}
+    with pytest.raises(CheckpointError) as error:
+        _check_matches(ours, tmp_path / "model", "model", "tiny")
+    assert str(error.value) == (
+        f"the model of {tmp_path} does not fit the role's model (tiny): it lacks head.weight; it stores "
+        "embed.weight [8, 4] (the model has [9, 4]); resume from a checkpoint of this model"
     )
