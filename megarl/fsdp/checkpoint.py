@@ -146,7 +146,8 @@ def save_fsdp_state(
             if optimizer is not None:
                 write_schedule(role_dir, optimizer.scheduler)
             copy_hf_metadata(model_path, role_dir / "hf")
-            model.config.to_json_file(role_dir / "hf" / "config.json")  # the head a critic adds
+            model.config.to_json_file(role_dir / "hf" / "config.json")  # with the head a critic adds
+            _name_the_class(role_dir / "hf" / "config.json", full_meta["model_class"])
             (role_dir / META_FILE).write_text(_json(full_meta))
     except OSError as e:
         error = str(save_failure(e, role_dir, rank))
@@ -297,7 +298,7 @@ def export_fsdp_hf(model: torch.nn.Module, model_path: str | Path, out_dir: str 
             copy_hf_metadata(model_path, staging)  # the tokenizer; save_pretrained rewrites the configs
             model.save_pretrained(staging, state_dict=full)
             _name_the_class(staging / "config.json", model_class(model))
-        except (OSError, ValueError, RuntimeError) as e:
+        except Exception as e:  # any: the other ranks wait for this rank's word in the gather below
             failure = f"writing the HF checkpoint {out_dir} failed on rank 0: {type(e).__name__}: {e}"
     del full
     failures: list = [None] * dist.get_world_size()
@@ -311,7 +312,8 @@ def export_fsdp_hf(model: torch.nn.Module, model_path: str | Path, out_dir: str 
 
 
 def _name_the_class(config_file: Path, name: str) -> None:
-    """save_pretrained records the wrapper's class (FSDP<Class>); transformers needs the model's own."""
+    """The model's own class as the config's architecture: save_pretrained records the wrapper's
+    (FSDP<Class>), and a critic's config is still its source language model's."""
     import json
 
     config = json.loads(config_file.read_text())

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from megarl.checkpoint import manifest as mf
 from megarl.checkpoint.format import CheckpointError
+from megarl.checkpoint.hf_export import export_checkpoint_hf
 from megarl.config.schema import OptimizerConfig
 from megarl.fsdp.checkpoint import export_fsdp_hf, load_fsdp_state, save_fsdp_state
 from megarl.fsdp.optimizer import FSDPOptimizer, build_fsdp_optimizer
@@ -175,6 +176,7 @@ def world2(hf: str, work: Path) -> dict[str, Any]:
     report = load_fsdp_state(resumed, resumed_opt, ckpt, model_path=hf)
     extra_back = report.pop("extra_state")
     draw_after_load = torch.rand(4).tolist()
+    saved_weights = full_weights(resumed)  # what the checkpoint holds
     step3 = train_step(resumed, resumed_opt)
     resumed_weights = full_weights(resumed)
     result: dict[str, Any] = {
@@ -208,6 +210,12 @@ def world2(hf: str, work: Path) -> dict[str, Any]:
             "keys_equal": sorted(state) == sorted(reference_weights),
             "weights_equal": all(torch.equal(state[k], reference_weights[k]) for k in reference_weights),
             "partial_left": Path(str(export) + ".partial").exists(),
+        }
+        converted = export_checkpoint_hf(ckpt, work / "converted")  # `megarl convert mcore-to-hf`
+        weights = AutoModelForCausalLM.from_pretrained(converted["out"], dtype=torch.float32).state_dict()
+        result["convert"] = {
+            "keys_equal": sorted(weights) == sorted(saved_weights),
+            "weights_equal": all(torch.equal(weights[k], v) for k, v in saved_weights.items()),
         }
     return result
 

@@ -59,6 +59,10 @@ def test_hf_export_is_the_models_own_save_pretrained_layout(world2):
     assert not export["partial_left"]
 
 
+def test_convert_exports_the_saved_checkpoint_with_the_saved_weights(world2):
+    assert world2["convert"] == {"keys_equal": True, "weights_equal": True}
+
+
 @pytest.mark.parametrize(
     "case, message",
     [
