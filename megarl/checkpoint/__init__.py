@@ -6,6 +6,8 @@
                         pure path logic, shared by `trainer.resume` and `megarl convert --ckpt`
     role.py             one trained role's checkpoint: weights, optimizer, LR schedule, RNG; collective
                         save/load at any layout (bit-exact at the saved one)
+    role_common.py      what the Megatron roles' checkpoint and the FSDP roles' (megarl.fsdp.checkpoint)
+                        share: all-or-none saves, error messages, scheduler.json, the backend check
     format.py           the on-disk format of a checkpoint directory: megarl_checkpoint.json, hf/, the
                         model's dist-checkpoint, staging in `<dir>.partial` and the rename into place
     manifest.py         manifest.json: every file's size and CRC-32, written last, verified on load

@@ -115,11 +115,10 @@ def read_meta(ckpt_dir: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{ckpt_dir}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}"
         )
-    if (
-        not (ckpt_dir / "model" / "metadata.json").is_file()
-        or not (ckpt_dir / "hf" / "config.json").is_file()
-    ):
-        raise CheckpointError(f"{ckpt_dir} is incomplete (model/metadata.json or hf/config.json missing)")
+    # megatron's dist-checkpoint has its own metadata.json; an FSDP role's plain DCP only `.metadata`
+    marker = "model/.metadata" if meta.get("backend") == "fsdp" else "model/metadata.json"
+    if not (ckpt_dir / marker).is_file() or not (ckpt_dir / "hf" / "config.json").is_file():
+        raise CheckpointError(f"{ckpt_dir} is incomplete ({marker} or hf/config.json missing)")
     return meta
 
 

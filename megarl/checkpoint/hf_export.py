@@ -5,7 +5,9 @@ Two sources, one shard writer (safetensors_shards):
   gather each tensor; the first DP replica's TP rank 0 of each PP stage writes that stage's shards; rank 0
   writes the index and the config/tokenizer files.
 - `export_checkpoint_hf`: a megarl checkpoint directory, in one process without megatron: tensors are
-  read one layer at a time from the dist-checkpoint (dist_reader).
+  read one layer at a time from the dist-checkpoint (dist_reader). An FSDP role's checkpoint
+  (megarl.fsdp.checkpoint) already holds transformers' names: its model is rebuilt from hf/config.json,
+  filled from the DCP and written by its own `save_pretrained` (the whole model in memory once).
 
 A scalar-head model (a critic, a reward model from `megarl rm`) is written as a sequence classifier
 (`<Family>ForSequenceClassification`, one label, `score.weight`) that transformers loads.
@@ -18,6 +20,7 @@ staged in `<out>.partial` and renamed into place only once complete.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -155,6 +158,8 @@ def export_checkpoint_hf(
                 + "\n  ".join(problems)
                 + "\nexport an earlier checkpoint (--ckpt <run>/checkpoints/step_<N>); this one cannot be repaired"
             )
+    if meta.get("backend") == "fsdp":
+        return _export_fsdp_checkpoint(ckpt_dir, out_dir, meta, start)
     arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")
     if meta.get("architecture", {}).get("head") == "scalar":  # hf/ is the source LM's config
         arch = arch.with_scalar_head()
@@ -197,6 +202,65 @@ def export_checkpoint_hf(
         "bytes": total,
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def _export_fsdp_checkpoint(ckpt_dir: Path, out_dir: Path, meta: dict, start: float) -> dict:
+    """An FSDP role's checkpoint (megarl.fsdp.checkpoint: transformers' own parameter names in a DCP) as
+    that model's `save_pretrained` output. The whole model is in memory once (as in training)."""
+    import transformers
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    name = meta.get("model_class", "")
+    model_cls = getattr(transformers, name, None)
+    if model_cls is None:
+        raise CheckpointError(
+            f"{ckpt_dir} holds a {name or 'model of no recorded class'}, which transformers "
+            f"{transformers.__version__} does not have; export it with the transformers it was trained with"
+        )
+    config = transformers.AutoConfig.from_pretrained(ckpt_dir / "hf")
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.to_empty(device="cpu")  # every stored entry is read into it below
+    model.tie_weights()  # to_empty gave tied parameters a tensor each
+    with no_code_unpickling(), _read_errors(ckpt_dir):
+        stored = FileSystemReader(str(ckpt_dir / "model")).read_metadata().state_dict_metadata
+        state = {k: v for k, v in model.state_dict().items() if k in stored}
+        missing = sorted(set(model.state_dict()) - set(stored) - set(_tied_names(model)))
+        if missing:
+            raise CheckpointError(f"{ckpt_dir}/model lacks {', '.join(missing[:5])} of a {name}")
+        dcp_load(state, checkpoint_id=str(ckpt_dir / "model"), no_dist=True)
+    staging = partial_dir(out_dir)
+    try:
+        with _write_errors(out_dir, sum(t.numel() * t.element_size() for t in state.values())):
+            shutil.rmtree(staging, ignore_errors=True)
+            copy_hf_metadata(ckpt_dir / "hf", staging)  # the tokenizer; save_pretrained writes the configs
+            model.save_pretrained(staging)
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed export leaves nothing half-written
+        raise
+    return {
+        "out": str(out_dir),
+        "from": str(ckpt_dir),
+        "dtype": meta.get("dtype"),
+        "backend": "fsdp",
+        "bytes": sum((out_dir / f).stat().st_size for f in os.listdir(out_dir) if f.endswith(".safetensors")),
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def _tied_names(model: torch.nn.Module) -> list[str]:
+    """Parameter names that share their tensor with an earlier one (tied embeddings): not stored apart."""
+    seen: set[int] = set()
+    tied = []
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            tied.append(key)
+        seen.add(id(tensor))
+    return tied
 
 
 @contextlib.contextmanager

@@ -19,9 +19,6 @@ Both functions are collective over the role's world.
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +29,6 @@ import torch.distributed as dist
 
 from megarl.checkpoint import manifest as mf
 from megarl.checkpoint import rng_state
-from megarl.checkpoint.dist_reader import truncated_files
 from megarl.checkpoint.format import (
     CheckpointError,
     _sharded_state,
@@ -41,15 +37,22 @@ from megarl.checkpoint.format import (
     read_meta,
     save_model,
 )
+from megarl.checkpoint.role_common import (
+    OPTIMIZER_DIR,
+    all_or_none,
+    load_errors,
+    load_schedule,
+    rank_bytes,
+    save_errors,
+    save_failure,
+    write_schedule,
+    wrong_backend,
+)
 from megarl.checkpoint.safe_load import no_code_unpickling
 from megarl.controller import faults
 from megarl.distributed.layout import ParallelLayout
-from megarl.errors import MegarlError
 from megarl.models.from_hf import ModelArchitecture
-from megarl.output_guard import OutputWriteError, free_bytes, os_error_in
 
-OPTIMIZER_DIR = "optimizer"
-SCHEDULER_FILE = "scheduler.json"
 # fully_reshardable: the distributed optimizer's state in model space, so any TP/PP/DP can load it.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 
@@ -168,27 +171,6 @@ def _states_without_step(train_optimizer) -> Iterator[None]:
             del opt._set_main_param_and_optimizer_states  # the class's method again
 
 
-@contextlib.contextmanager
-def _load_errors(role_dir: Path, what: str) -> Iterator[None]:
-    """Any exception of a megatron/torch load becomes a CheckpointError naming the checkpoint."""
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as e:
-        damaged = truncated_files(role_dir / ("model" if what == "model" else OPTIMIZER_DIR))
-        if damaged:
-            raise CheckpointError(
-                f"loading the {what} of {role_dir} failed: {'; '.join(damaged)}; use an earlier checkpoint"
-            ) from None
-        first = (str(e).strip().splitlines() or [""])[0][:500]
-        raise CheckpointError(
-            f"loading the {what} of {role_dir} failed: {type(e).__name__}: {first}"
-        ) from None
-
-
 def _dp_parallel_save():
     """Megatron's fully parallel save: the data-parallel replicas split the writing of replicated
     tensors (by default the first replica writes them all)."""
@@ -199,59 +181,6 @@ def _dp_parallel_save():
     return FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(), ps.get_data_parallel_group(with_context_parallel=True)
     )
-
-
-def _rank_bytes(role_dir: Path, manifest: dict[str, Any], rank: int) -> int:
-    """Bytes of the files this rank wrote: its dist-checkpoint shards and RNG files; rank 0 the rest."""
-
-    def writer(path: str) -> int:
-        name = path.rsplit("/", 1)[-1]
-        if name.startswith("__") and name.endswith(".distcp"):
-            return int(name[2:].split("_")[0])
-        if path.startswith(f"{rng_state.RNG_DIR}/rank_"):
-            return int(name.split("_")[1].split(".")[0])
-        return 0
-
-    return sum(e["size"] for e in manifest["files"] if writer(e["path"]) == rank)
-
-
-def _all_or_none(error: str | None) -> None:
-    """Every rank raises if any rank failed (its message), instead of some hanging in a barrier."""
-    errors: list = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    failed = [e for e in errors if e]
-    if failed:
-        raise CheckpointError("; ".join(dict.fromkeys(failed)))
-
-
-NEARLY_FULL_BYTES = 16 << 20  # a save that failed with less free than this ran out of space
-
-
-def save_failure(error: BaseException, role_dir: Path, rank: int) -> MegarlError:
-    """What a failed save of `role_dir` tells the user. A full disk is recognised by ENOSPC anywhere in
-    the exception (megatron's parallel writers can lose it: "CheckpointException ranks:dict_keys([])")
-    or by the space left on the device afterwards."""
-    cause = os_error_in(error)
-    free = free_bytes(role_dir)
-    if (cause is not None and cause.errno == errno.ENOSPC) or (free is not None and free < NEARLY_FULL_BYTES):
-        return OutputWriteError.of(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), role_dir, free=free)
-    if cause is not None:
-        return OutputWriteError.of(cause, role_dir)
-    first = (str(error).strip().splitlines() or [""])[0][:300]
-    return CheckpointError(f"saving {role_dir} failed on rank {rank}: {type(error).__name__}: {first}")
-
-
-@contextlib.contextmanager
-def _save_errors(role_dir: Path, rank: int) -> Iterator[None]:
-    """A megatron/DCP save that fails (a BaseException for DCP) becomes a MegarlError naming the path."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        yield
-    except MegarlError:
-        raise
-    except (Exception, CheckpointException) as e:
-        raise save_failure(e, role_dir, rank) from None
 
 
 def save_train_state(
@@ -294,31 +223,29 @@ def save_train_state(
             (role_dir / sub).mkdir(parents=True, exist_ok=True)
     dist.barrier()
     modules = _modules(chunks)
-    with _save_errors(role_dir, rank):
+    with save_errors(role_dir, rank):
         save_model(modules, role_dir, full_meta, hf_dir, _dp_parallel_save())
     faults.point(meta.get("role", "?"), "save_checkpoint:model_written", rank)  # MEGARL_FAULT tests
     if has_optimizer:
         opt_state = train_optimizer.optimizer.sharded_state_dict(
             _sharded_state(modules), is_loading=False, metadata=OPTIMIZER_METADATA
         )
-        with _save_errors(role_dir, rank):
+        with save_errors(role_dir, rank):
             dist_checkpointing.save(opt_state, str(role_dir / OPTIMIZER_DIR), _dp_parallel_save())
     error = None
     try:
         rng_state.write_rank_state(role_dir, rank, full_meta["layout"], extra_state)
         if rank == 0 and train_optimizer is not None:
-            (role_dir / SCHEDULER_FILE).write_text(
-                json.dumps(train_optimizer.scheduler.state_dict(), indent=2)
-            )
+            write_schedule(role_dir, train_optimizer.scheduler)
     except OSError as e:
         error = str(save_failure(e, role_dir, rank))
     except (TypeError, ValueError) as e:
         error = f"writing {role_dir} failed on rank {rank}: {type(e).__name__}: {e}"
-    _all_or_none(error)
+    all_or_none(error)
     if rank == 0:
         mf.write_manifest(role_dir)
     dist.barrier()
-    written = _rank_bytes(role_dir, mf.read_manifest(role_dir), rank)
+    written = rank_bytes(mf.read_manifest(role_dir), rank)
     return {"rank": rank, "seconds": time.perf_counter() - start, "bytes_written": written}
 
 
@@ -340,9 +267,11 @@ def load_train_state(
 
     start = time.perf_counter()
     role_dir = Path(role_dir)
+    meta = read_meta(role_dir)
+    if (refused := wrong_backend(role_dir, meta, "megatron")) is not None:
+        raise refused
     layout = ParallelLayout.active()
     rank = dist.get_rank()
-    meta = read_meta(role_dir)
     manifest = mf.read_manifest(role_dir)
     mf.verify_collective(role_dir, manifest)
     if arch is not None:
@@ -357,14 +286,14 @@ def load_train_state(
         )
     report: dict[str, Any] = {"from": str(role_dir), "saved_layout": meta.get("saved_layout"), "model": True}
     with torch.no_grad(), no_code_unpickling():
-        with _load_errors(role_dir, "model"):
+        with load_errors(role_dir, "model"):
             load_model(modules, role_dir)
         if train_optimizer is None or not load_optimizer:
             report["optimizer"] = "not loaded"
         elif not meta.get("has_optimizer"):
             report["optimizer"] = "not saved (no optimizer step before the save)"
         else:
-            with _load_errors(role_dir, "optimizer state"):
+            with load_errors(role_dir, "optimizer state"):
                 _init_adam_state(train_optimizer)
                 opt = train_optimizer.optimizer
                 sharded = opt.sharded_state_dict(
@@ -375,13 +304,7 @@ def load_train_state(
                     opt.load_state_dict(state)
                 _unshare_steps(train_optimizer)
             report["optimizer"] = "loaded"
-    if train_optimizer is not None and (role_dir / SCHEDULER_FILE).is_file():
-        try:
-            schedule = json.loads((role_dir / SCHEDULER_FILE).read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{role_dir / SCHEDULER_FILE} is corrupt ({e})") from None
-        train_optimizer.scheduler.num_steps = 0  # load_state_dict advances by the saved count
-        train_optimizer.scheduler.load_state_dict(schedule)
+    if train_optimizer is not None and load_schedule(role_dir, train_optimizer.scheduler):
         report["num_updates"] = train_optimizer.num_updates
     same_layout = meta.get("layout") == rng_state.layout_of(layout)
     if same_layout and load_rng:

@@ -240,6 +240,7 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
     from megarl.checkpoint import manifest as mf
     from megarl.checkpoint.format import CheckpointError, read_meta
     from megarl.checkpoint.role import check_fingerprint
+    from megarl.checkpoint.role_common import check_hf_fingerprint
     from megarl.config.roles import role_spec
     from megarl.models.from_hf import ModelArchitecture
 
@@ -254,6 +255,11 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
                 + "\nresume from an earlier checkpoint (trainer.resume=<run>/checkpoints/step_<N>)"
             )
         model_path = role_spec(cfg, role, total_steps).model.path
+        if meta.get("backend") == "fsdp":  # any transformers model: its config.json is the fingerprint
+            from transformers import AutoConfig
+
+            check_hf_fingerprint(meta, AutoConfig.from_pretrained(model_path), role_dir, model_path)
+            continue
         arch = ModelArchitecture.from_pretrained(model_path)
         # the critic, and the reward model the rm job trains in the actor's place, have a scalar head
         scalar = role == "critic" or cfg.algorithm.name == "rm"
@@ -409,7 +415,7 @@ class CheckpointSaveError(MegarlError, OSError):
 def _disk_full(error: BaseException, root: Path) -> bool:
     """A save failed for want of space: ENOSPC in the exception, a worker's message saying so (Ray
     delivers it as text), or (megatron's writers can lose the cause) hardly any space left."""
-    from megarl.checkpoint.role import NEARLY_FULL_BYTES
+    from megarl.checkpoint.role_common import NEARLY_FULL_BYTES
 
     cause = os_error_in(error)
     if cause is not None and cause.errno == errno.ENOSPC:

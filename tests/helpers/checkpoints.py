@@ -45,6 +45,31 @@ def fake_megatron_checkpoint(hf_dir, out):
     return out
 
 
+def fake_fsdp_checkpoint(hf_dir: Path, out: Path) -> Path:
+    """An FSDP role's checkpoint (megarl.fsdp.checkpoint) of the weights of `hf_dir`, written in one process
+    without FSDP: the same DCP keys (transformers' names, full shapes), metadata and manifest."""
+    from transformers import AutoConfig
+
+    from megarl.checkpoint.role_common import hf_fingerprint
+
+    dcp.save(load_file(hf_dir / "model.safetensors"), checkpoint_id=out / "model", no_dist=True)
+    copy_hf_metadata(hf_dir, out / "hf")
+    config = AutoConfig.from_pretrained(hf_dir)
+    meta = {
+        "format_version": 1,
+        "dtype": "fp32",
+        "role": "actor",
+        "backend": "fsdp",
+        "model_class": config.architectures[0],
+        "world_size": 1,
+        "has_optimizer": False,
+        "architecture": hf_fingerprint(config),
+    }
+    (out / META_FILE).write_text(json.dumps(meta))
+    write_manifest(out)
+    return out
+
+
 def fake_run(hf_dir: Path, run: Path, step: int = 2) -> Path:
     """A training run's directory: checkpoints/step_<step>/actor (a role checkpoint with its manifest),
     trainer_state.json, config.yaml, `latest`, metrics.jsonl. Returns the role checkpoint."""

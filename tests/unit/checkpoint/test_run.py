@@ -253,7 +253,7 @@ def test_a_role_save_that_lost_its_cause_is_told_apart_by_the_space_left(tmp_pat
 
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from megarl.checkpoint import role
+    from megarl.checkpoint import role_common as role
     from megarl.output_guard import OutputWriteError
 
     enospc = OSError(errno.ENOSPC, "No space left on device")
