@@ -64,7 +64,7 @@ RsLevel = Literal[
 ]
 PfPpoReweight = Literal["pow", "max_min", "max_random"]
 RolloutEngine = Literal["vllm"]
-RewardBackend = Literal["megatron", "hf"]
+RewardBackend = Literal["megatron", "hf", "fsdp"]
 RoleBackend = Literal["megatron", "fsdp"]  # what trains/runs a policy or value model (megarl.fsdp)
 RewardKind = Literal["classifier", "embedding_similarity"]
 Launcher = Literal["ray", "torchrun"]

@@ -222,7 +222,9 @@ class RewardModelConfig(RoleConfig):
     # "megatron": a *ForSequenceClassification RM of a supported decoder family (Llama/Mistral/Qwen2/Qwen3)
     # on megatron-core with this role's TP/PP, scoring the policy's tokens; "hf": any transformers
     # AutoModelForSequenceClassification (DeBERTa, BERT, ...) or sentence-embedding model, data-parallel,
-    # re-tokenising the decoded text with its own tokenizer
+    # re-tokenising the decoded text with its own tokenizer; "fsdp": the same, the model sharded with FSDP2
+    # over the role's devices (each rank holds 1/N of it: for an RM too large to replicate). verl:
+    # reward_model.strategy
     backend: RewardBackend = "megatron"
     # hf backend: "classifier" (the model's logit) | "embedding_similarity" (cosine similarity of the
     # response to the row's ground_truth text, mean-pooled embeddings)

@@ -315,7 +315,7 @@ def _check_torchrun_colocation(cfg: MegarlConfig, problems: list[str]) -> None:
         return
     roles = [r for r in ("critic", "reward") if getattr(cfg, r).enable]
     for role in roles:
-        if role == "reward" and cfg.reward.backend == "hf":
+        if role == "reward" and cfg.reward.backend != "megatron":
             continue  # plain PyTorch data parallelism: no megatron layout
         if getattr(cfg, role).parallel != cfg.actor.parallel:
             problems.append(

@@ -126,16 +126,16 @@ def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
                 f"set ref.enable=true or algorithm.{flag}=false"
             )
     r = cfg.reward
-    if r.enable and r.backend == "hf" and (r.parallel.tp, r.parallel.pp, r.parallel.cp) != (1, 1, 1):
+    if r.enable and r.backend != "megatron" and (r.parallel.tp, r.parallel.pp, r.parallel.cp) != (1, 1, 1):
         problems.append(
-            f"reward.backend=hf runs the classifier data-parallel only, but reward.parallel has tp={r.parallel.tp}, "
+            f"reward.backend={r.backend} runs the classifier data-parallel only, but reward.parallel has tp={r.parallel.tp}, "
             f"pp={r.parallel.pp}, cp={r.parallel.cp}; set them to 1 or use reward.backend=megatron"
         )
-    if r.enable and r.backend == "hf":
+    if r.enable and r.backend != "megatron":
         at_least(problems, "reward.max_length", r.max_length, 1, "e.g. 512 tokens")
     if r.enable and r.backend == "megatron" and r.kind != "classifier":
         problems.append(
-            f"reward.kind={r.kind} needs reward.backend=hf (a sentence-embedding model runs in transformers)"
+            f"reward.kind={r.kind} needs reward.backend=hf or fsdp (a sentence-embedding model runs in transformers)"
         )
     if cfg.reward.enable and not cfg.reward.model_path:
         problems.append(

@@ -182,7 +182,7 @@ RUN_KEYS: tuple[VerlKey, ...] = (
     ),
     ignored("reward_model.n_gpus_per_node", "megarl's is reward.n_devices"),
     ignored("reward_model.nnodes", "megarl's is reward.n_devices"),
-    ignored("reward_model.strategy", "megarl runs the reward model on Megatron (reward.backend)"),
+    maps("reward_model.strategy", "reward.backend", "fsdp and fsdp2: the classifier under FSDP2", strategy),
     ignored("reward_model.model.input_tokenizer", "megarl re-tokenises only for reward.backend=hf"),
     ignored("reward_model.model.*", "megarl reads the reward model from reward.model_path as it is"),
     ignored("reward_model.use_dynamic_bsz", "megarl's is reward.max_tokens_per_micro_batch"),

@@ -93,6 +93,27 @@ def shard_model(model: torch.nn.Module, spec: RoleSpec, group) -> torch.nn.Modul
     return model
 
 
+def shard_frozen(model: torch.nn.Module, role: str, path: str, group=None) -> torch.nn.Module:
+    """A frozen model (a reward model) sharded by FSDP2 over `group` (default: the whole world) for
+    inference: each decoder layer one unit, then the root."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    layers = decoder_layers(model, None)
+    if not layers:
+        raise ValueError(
+            f"{role}: FSDP cannot wrap {type(model).__name__} of {path}: the model declares no decoder-layer "
+            "classes (_no_split_modules); use reward.backend=hf"
+        )
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, platform().device.type)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.eval().requires_grad_(False)
+    return model
+
+
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
     """The module that maps hidden states to the outputs a loss reads: the LM head, or the value head."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

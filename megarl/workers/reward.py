@@ -68,4 +68,5 @@ def reward_worker(cfg: MegarlConfig) -> tuple[type, dict]:
         "micro_batch_size": r.micro_batch_size,
         "label_index": r.label_index,
         "dtype": cfg.model.dtype,
+        "fsdp": r.backend == "fsdp",
     }

@@ -253,7 +253,8 @@ def score_batch(
 
 
 class HFRewardWorker(Worker):
-    """One data-parallel rank of a Hugging Face reward model group (no megatron, the whole model per rank)."""
+    """One data-parallel rank of a Hugging Face reward model group (no megatron; the whole model per rank,
+    or with `fsdp` its FSDP2 shard)."""
 
     def __init__(
         self,
@@ -264,6 +265,7 @@ class HFRewardWorker(Worker):
         micro_batch_size: int = 8,
         label_index: int = 0,
         dtype: str = "fp32",
+        fsdp: bool = False,
     ) -> None:
         super().__init__(layout_kwargs=None)
         if max_length <= 0 or micro_batch_size <= 0:
@@ -271,6 +273,10 @@ class HFRewardWorker(Worker):
         self.kind, self.micro_batch_size, self.label_index = kind, micro_batch_size, label_index
         self.model, self.tokenizer = load_reward_model(model_path, kind, dtype, label_index)
         self.model.to(platform().device)
+        if fsdp:  # every rank scores its share with 1/N of the weights (all ranks score the same batch count)
+            from megarl.fsdp.model import shard_frozen
+
+            self.model = shard_frozen(self.model, "reward", model_path)
         self.policy_tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_path)
         self.max_length = effective_max_length(model_path, self.tokenizer, max_length)
 
