@@ -93,21 +93,16 @@ def shard_model(model: torch.nn.Module, spec: RoleSpec, group) -> torch.nn.Modul
     return model
 
 
-def shard_frozen(model: torch.nn.Module, role: str, path: str, group=None) -> torch.nn.Module:
+def shard_frozen(model: torch.nn.Module, group=None) -> torch.nn.Module:
     """A frozen model (a reward model) sharded by FSDP2 over `group` (default: the whole world) for
     inference: each decoder layer one unit, then the root."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    layers = decoder_layers(model, None)
-    if not layers:
-        raise ValueError(
-            f"{role}: FSDP cannot wrap {type(model).__name__} of {path}: the model declares no decoder-layer "
-            "classes (_no_split_modules); use reward.backend=hf"
-        )
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, platform().device.type)
-    for layer in layers:
+    # a model that declares no decoder-layer classes (an encoder classifier such as BERT) is one unit
+    for layer in decoder_layers(model, None):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     model.eval().requires_grad_(False)

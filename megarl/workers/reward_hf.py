@@ -276,7 +276,7 @@ class HFRewardWorker(Worker):
         if fsdp:  # every rank scores its share with 1/N of the weights (all ranks score the same batch count)
             from megarl.fsdp.model import shard_frozen
 
-            self.model = shard_frozen(self.model, "reward", model_path)
+            self.model = shard_frozen(self.model)
         self.policy_tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_path)
         self.max_length = effective_max_length(model_path, self.tokenizer, max_length)
 

@@ -29,4 +29,8 @@ def main(argv: list[str]) -> dict:
         group = make_worker_group("spmd", None, HFRewardWorker, f"reward_{kind}", kwargs)
         results[f"{kind}_dp"] = sorted((r.dp_rank, r.dp_size, r.collect) for r in group.rank_infos)
         results[kind] = group.compute_rm_score(batch)["rm_scores"].tolist()
+    # reward.backend=fsdp: the same classifier sharded with FSDP2 over the two ranks
+    kwargs = {**kwargs, "model_path": classifier_path, "kind": "classifier", "fsdp": True}
+    group = make_worker_group("spmd", None, HFRewardWorker, "reward_fsdp", kwargs)
+    results["classifier_fsdp"] = group.compute_rm_score(batch)["rm_scores"].tolist()
     return results

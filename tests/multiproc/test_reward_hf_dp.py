@@ -43,3 +43,6 @@ def test_two_dp_ranks_score_like_one_process(launched, kind):
     scores = torch.tensor(result[kind])
     assert scores.shape == (len(PROMPTS),)  # 5 rows padded to 6 for 2 ranks, the padding dropped
     torch.testing.assert_close(scores, expected, atol=TOLERANCE[kind], rtol=TOLERANCE[kind])
+    if kind == "classifier":  # reward.backend=fsdp: the classifier sharded over both ranks scores the same
+        fsdp = torch.tensor(result["classifier_fsdp"])
+        torch.testing.assert_close(fsdp, expected, atol=TOLERANCE[kind], rtol=TOLERANCE[kind])
