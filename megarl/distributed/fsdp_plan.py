@@ -169,7 +169,8 @@ class FSDPGenerationPlan:
         if vocab_size is not None and pad_vocab(vocab_size) % gen_tp:
             problems.append(
                 f"{gen_key}={gen_tp} does not divide vLLM's padded vocabulary of {pad_vocab(vocab_size)} "
-                f"rows (vocab_size={vocab_size} rounded up to a multiple of {VOCAB_PADDING}); use a power of 2"
+                f"rows (vocab_size={vocab_size} rounded up to a multiple of {VOCAB_PADDING}); use one of "
+                f"{', '.join(map(str, divisors(math.gcd(pad_vocab(vocab_size), world_size))))}"
             )
         return problems
 
