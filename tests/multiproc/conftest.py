@@ -12,7 +12,7 @@ import json
 import pytest
 
 # spmd first: it checks worker groups on ranks that hold no megatron state yet
-ORDER = ("spmd", "reshard", "policy", "parity")
+ORDER = ("spmd", "reshard", "fsdp_sync", "policy", "parity")
 
 
 @pytest.fixture(scope="session")
