@@ -5,7 +5,11 @@ TP groups of an FSDP actor are runs of consecutive ranks, so rollout.tp divides 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from megarl.config.schema import MegarlConfig
+from megarl.distributed.fsdp_plan import FSDPGenerationPlan, model_fields
 
 FSDP_ROLES = ("actor", "ref", "critic")
 
@@ -23,7 +27,17 @@ def _fsdp_layout_problems(cfg: MegarlConfig, role: str) -> list[str]:
     return wrong
 
 
-def check_backends(cfg: MegarlConfig, problems: list[str]) -> None:
+def _hf_config(path: str | None) -> dict:
+    """config.json of a model directory (its text_config where it nests one); {} when unreadable (the
+    model checks say why)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text()) if path else {}
+    except (OSError, ValueError):
+        return {}
+    return config.get("text_config", config)
+
+
+def check_backends(cfg: MegarlConfig, problems: list[str], check_paths: bool = True) -> None:
     enabled = {"actor": True, "ref": bool(cfg.ref.enable), "critic": bool(cfg.critic.enable)}
     for role in FSDP_ROLES:
         if not enabled[role] or cfg.backend_of(role) != "fsdp":
@@ -42,11 +56,12 @@ def check_backends(cfg: MegarlConfig, problems: list[str]) -> None:
     _check_shared_processes(cfg, enabled, problems)
     if cfg.actor.backend == "fsdp" and cfg.algorithm.name != "rm":
         world = cfg.world_size("actor")
-        if world % cfg.rollout.tp:
-            problems.append(
-                f"rollout.tp={cfg.rollout.tp} must divide the FSDP actor's {world} devices (its engines' TP groups "
-                "are runs of consecutive ranks); pick a divisor of the actor's device count"
-            )
+        hf_config = _hf_config(cfg.model.path) if check_paths else {}
+        if hf_config:
+            problems += FSDPGenerationPlan.check(world, cfg.rollout.tp, *model_fields(hf_config))
+        else:  # the model's rules wait for its config (checked again when the actor loads it)
+            divides = world % cfg.rollout.tp == 0
+            problems += [] if divides else FSDPGenerationPlan.check(world, cfg.rollout.tp)[:1]
 
 
 def _check_shared_processes(cfg: MegarlConfig, enabled: dict[str, bool], problems: list[str]) -> None:

@@ -129,7 +129,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_logging(cfg, problems)
     _check_reward_terms(cfg, check_paths, problems)
     _check_torchrun_colocation(cfg, problems)
-    check_backends(cfg, problems)
+    check_backends(cfg, problems, check_paths)
     if problems:
         raise ConfigError(problems)
 

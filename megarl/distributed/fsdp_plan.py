@@ -116,7 +116,7 @@ class FSDPGenerationPlan:
     @classmethod
     def for_hf_config(cls, hf_config: Mapping[str, Any], world_size: int, gen_tp: int) -> FSDPGenerationPlan:
         """The plan for a model of HF config `hf_config` (config.json's dict) trained on `world_size` ranks."""
-        return cls(world_size, gen_tp, *_model_fields(hf_config))
+        return cls(world_size, gen_tp, *model_fields(hf_config))
 
     @staticmethod
     def check(
@@ -266,12 +266,12 @@ class FSDPGenerationPlan:
 def check_fsdp_rollout_tp(hf_config: Mapping[str, Any], gen_tp: int, world_size: int) -> None:
     """Raise LayoutError (each problem with its fix) unless an FSDP actor of HF config `hf_config` on
     `world_size` ranks can feed a colocated engine at rollout.tp=`gen_tp`. Call it at load time."""
-    problems = FSDPGenerationPlan.check(world_size, gen_tp, *_model_fields(hf_config))
+    problems = FSDPGenerationPlan.check(world_size, gen_tp, *model_fields(hf_config))
     if problems:
         raise LayoutError(problems)
 
 
-def _model_fields(hf_config: Mapping[str, Any]) -> tuple[str | None, int | None, int | None, int | None]:
+def model_fields(hf_config: Mapping[str, Any]) -> tuple[str | None, int | None, int | None, int | None]:
     heads = hf_config.get("num_attention_heads")
     return (
         hf_config.get("model_type"),

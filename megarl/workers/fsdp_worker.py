@@ -36,6 +36,7 @@ class HFArchitecture:
     num_kv_heads: int
     architecture: str  # e.g. "LlamaForCausalLM"
     model_type: str
+    text_config: dict  # config.json (its text_config where it nests one)
 
     @classmethod
     def from_pretrained(cls, path: str) -> HFArchitecture:
@@ -46,7 +47,8 @@ class HFArchitecture:
             vocab_size=int(text["vocab_size"]),
             num_kv_heads=int(text.get("num_key_value_heads") or heads),
             architecture=(config.get("architectures") or ["?"])[0],
-            model_type=str(config.get("model_type", "?")),
+            model_type=str(text.get("model_type", config.get("model_type", "?"))),
+            text_config=text,
         )
 
 
@@ -87,18 +89,22 @@ class FSDPWorker(ModelWorker):
     # ---- the rollout engine --------------------------------------------------------------------------
 
     def generation_plan(self):
-        if self.rollout_tp == 1:  # TEMP until fsdp_plan lands
-            return super().generation_plan()
+        """The engine's TP groups are runs of rollout.tp consecutive ranks of the FSDP world."""
         from megarl.distributed.fsdp_plan import FSDPGenerationPlan
 
-        return FSDPGenerationPlan(self.env.world_size, self.rollout_tp)
+        return FSDPGenerationPlan.for_hf_config(self.arch.text_config, self.env.world_size, self.rollout_tp)
 
     def generation_source(self, rollout):
         from megarl.fsdp.weight_sync import FSDPWeightSync
 
         plan = self.generation_plan()
+        # the engine's weights are in the model's dtype (bf16 halves the bytes of the fp32 shards)
         source = FSDPWeightSync(
-            self.model, plan, bucket_bytes=rollout.reshard_bucket_mib << 20, naive=rollout.naive_reshard
+            self.model,
+            plan,
+            bucket_bytes=rollout.reshard_bucket_mib << 20,
+            naive=rollout.naive_reshard,
+            dtype=self.dtype,
         )
         return plan.gen_tp_groups, source
 

@@ -69,6 +69,6 @@ def test_mixed_backends_in_one_process_need_the_fsdp_layout():
 def test_rollout_tp_of_an_fsdp_actor_divides_its_devices():
     found = problems("actor.backend=fsdp", "trainer.n_devices_per_node=3", "rollout.tp=2")
     assert (
-        "rollout.tp=2 must divide the FSDP actor's 3 devices (its engines' TP groups are runs of consecutive "
-        "ranks); pick a divisor of the actor's device count"
+        "rollout.tp=2 does not divide the FSDP actor's world of 3 ranks (each generation replica is a run of "
+        "rollout.tp consecutive ranks); use one of 1, 3"
     ) in found
