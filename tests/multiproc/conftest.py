@@ -1,8 +1,10 @@
-"""One 4-rank launch shared by the modules whose checks are 4-rank rank programs (shared_launch.py).
+"""Two launches shared by the modules whose checks are rank programs (shared_launch.py): one of 4 ranks,
+one of 2 (on 2 cores a launch costs ≈ 8 s at 2 ranks, ≈ 15–20 s at 4, before its first check).
 
-A module takes part by defining SHARED_PART = (name, "module[:function]", argv_of), argv_of(request) giving
-its program's argv (it may ask for fixtures: request.getfixturevalue); its tests read
-`shared_result(shared_launch, name)`. Only the modules with selected tests run their part, in ORDER.
+A module takes part by defining SHARED_PART (4 ranks) or SHARED_PART_2 (2 ranks) = (name,
+"module[:function]", argv_of), argv_of(request) giving its program's argv (it may ask for session
+fixtures: request.getfixturevalue); its tests read `shared_result(shared_launch, name)` (or
+shared_launch_2). Only the modules with selected tests run their part, in ORDER.
 """
 
 from __future__ import annotations
@@ -14,27 +16,41 @@ from pathlib import Path
 import pytest
 import torch
 
-# spmd first: it checks worker groups on ranks that hold no megatron state yet; every later part sets up
-# its own megatron layout (ParallelLayout.initialize replaces the one before) and closes its vLLM engines
+# 4 ranks: spmd first, it checks worker groups on ranks that hold no megatron state yet; every later part
+# sets up its own megatron layout (ParallelLayout.initialize replaces the one before) and closes its vLLM
+# engines. 2 ranks: cpu_shims first, it needs ranks on which no megatron call ran yet (each shim's call
+# must fail without it).
 ORDER = ("spmd", "reshard", "policy", "parity", "checkpoint", "vllm_tp", "hybrid")
+ORDER_2 = ("cpu_shims", "train_state", "reward_hf_dp")
+
+
+def _launch(request, torchrun, attribute: str, order: tuple[str, ...], nproc: int) -> dict:
+    """{part name: {"result": …} or {"error": …, "traceback": …}} of one launch of every selected part."""
+    modules = {item.module for item in request.session.items if item.module is not None}
+    parts = [part for module in modules if (part := getattr(module, attribute, None))]
+    unknown = [name for name, _, _ in parts if name not in order]
+    assert not unknown, f"tests/multiproc/conftest.py: add {unknown} to the ORDER of {attribute}"
+    parts.sort(key=lambda part: order.index(part[0]))
+    spec = [[name, target, [str(a) for a in argv_of(request)]] for name, target, argv_of in parts]
+    return torchrun("tests.multiproc.shared_launch", [json.dumps(spec)], nproc=nproc, timeout=1500).results[0]
 
 
 @pytest.fixture(scope="session")
 def shared_launch(request, torchrun) -> dict:
-    """{part name: {"result": …} or {"error": …, "traceback": …}} of one launch of every selected part."""
-    modules = {item.module for item in request.session.items if item.module is not None}
-    parts = [part for module in modules if (part := getattr(module, "SHARED_PART", None))]
-    unknown = [name for name, _, _ in parts if name not in ORDER]
-    assert not unknown, f"tests/multiproc/conftest.py: add {unknown} to ORDER"
-    parts.sort(key=lambda part: ORDER.index(part[0]))
-    spec = [[name, target, [str(a) for a in argv_of(request)]] for name, target, argv_of in parts]
-    return torchrun("tests.multiproc.shared_launch", [json.dumps(spec)], nproc=4, timeout=1500).results[0]
+    """The 4-rank launch of every selected module's SHARED_PART."""
+    return _launch(request, torchrun, "SHARED_PART", ORDER, 4)
+
+
+@pytest.fixture(scope="session")
+def shared_launch_2(request, torchrun) -> dict:
+    """The 2-rank launch of every selected module's SHARED_PART_2."""
+    return _launch(request, torchrun, "SHARED_PART_2", ORDER_2, 2)
 
 
 def shared_result(shared_launch: dict, name: str):
-    """What part `name` returned on rank 0 of the shared launch (the test fails with its error)."""
+    """What part `name` returned on rank 0 of a shared launch (the test fails with its error)."""
     if name not in shared_launch:
-        pytest.fail(f"part {name} did not run in the shared launch (is its module's SHARED_PART set?)")
+        pytest.fail(f"part {name} did not run in the shared launch (is its module's SHARED_PART(_2) set?)")
     part = shared_launch[name]
     if "error" in part:
         pytest.fail(f"part {name} of the shared launch raised {part['error']}\n{part['traceback']}")
