@@ -1,30 +1,30 @@
-"""The actor's role checkpoint (weights, optimizer, LR schedule, RNG, counters) through the worker: a
-4-rank launch saves at TP2×PP2 and checks the same-layout resume and the bad-checkpoint errors, a
-2-rank launch loads the same checkpoints at TP1×PP2 and TP1×PP1 (DP2)."""
+"""The actor's role checkpoint (weights, optimizer, LR schedule, RNG, counters) through the worker: the
+save side, in the 4-rank launch shared with other modules (tests/multiproc/conftest.py), saves at TP2×PP2
+and checks the same-layout resume and the bad-checkpoint errors; a 2-rank launch loads the same
+checkpoints at TP1×PP2 and TP1×PP1 (DP2)."""
 
 import pytest
 
+from tests.multiproc.conftest import shared_result
+
 pytestmark = pytest.mark.multiproc
 
-
-@pytest.fixture(scope="module")
-def spec(tiny_models, tmp_path_factory):
-    from megarl.models.tiny import build_tiny_hf
-
-    other = build_tiny_hf(tmp_path_factory.mktemp("other") / "llama", hidden_size=64, num_hidden_layers=2)
-    return [tiny_models["llama"], other, tmp_path_factory.mktemp("ckpt")]
+SHARED_PART = (
+    "checkpoint",
+    "tests.multiproc.checkpoint_checks:save_side",
+    lambda request: request.getfixturevalue("checkpoint_spec"),
+)
 
 
 @pytest.fixture(scope="module")
-def saved(torchrun, spec):
-    results = torchrun("tests.multiproc.checkpoint_checks:save_side", spec, nproc=4, timeout=400).results
-    return {r["check"]: r for r in results}
+def saved(shared_launch):
+    return {r["check"]: r for r in shared_result(shared_launch, "checkpoint")}
 
 
 @pytest.fixture(scope="module")
-def resharded(torchrun, spec, saved):
-    results = torchrun("tests.multiproc.checkpoint_checks:load_side", spec, nproc=2, timeout=300).results
-    return {r["check"]: r for r in results}
+def resharded(torchrun, checkpoint_spec, saved):
+    results = torchrun("tests.multiproc.checkpoint_checks:load_side", checkpoint_spec, nproc=2, timeout=300)
+    return {r["check"]: r for r in results.results}
 
 
 ROLE_FILES = {

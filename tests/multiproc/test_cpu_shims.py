@@ -1,15 +1,19 @@
-"""Each named CPU shim is needed: without it its megatron call fails, with it the call succeeds."""
+"""Each named CPU shim is needed: without it its megatron call fails, with it the call succeeds. Its rank
+program runs first in the 2-rank launch shared with other modules (tests/multiproc/conftest.py)."""
 
 import pytest
 
 from megarl.distributed.cpu_shims import SHIMS
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
+SHARED_PART_2 = ("cpu_shims", "tests.multiproc.shim_checks", lambda request: [])
+
 
 @pytest.fixture(scope="module")
-def shim_results(torchrun):
-    return torchrun("tests.multiproc.shim_checks", [], nproc=2).results[0]
+def shim_results(shared_launch_2):
+    return shared_result(shared_launch_2, "cpu_shims")
 
 
 @pytest.mark.parametrize("shim", sorted(SHIMS))

@@ -1,9 +1,11 @@
 """The 3D-HybridEngine end to end on 4 ranks: after optimizer updates, the colocated vLLM engine's
 log-probs of its sampled tokens equal Megatron's recomputed ones, and the weight sync receives exactly
-the plan's floor. Layouts of issue 5, all in one torchrun launch (tests/multiproc/hybrid_checks.py): a
-launch costs more than a case. t2p1g1 is left out: t2p2g1 and t1p2g1 cover TP-to-TP1 regrouping."""
+the plan's floor. Layouts of issue 5, all in one rank program (tests/multiproc/hybrid_checks.py) in the
+4-rank launch shared with other modules (tests/multiproc/conftest.py): a launch costs more than a case. t2p1g1 is left out: t2p2g1 and t1p2g1 cover TP-to-TP1 regrouping."""
 
 import pytest
+
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
@@ -18,10 +20,16 @@ EXPECTED_GROUPS = {
 }
 
 
+SHARED_PART = (
+    "hybrid",
+    "tests.multiproc.hybrid_checks",
+    lambda request: [request.getfixturevalue("tiny_models")["qwen2"], *CASES],
+)
+
+
 @pytest.fixture(scope="module")
-def cases(torchrun, tiny_models) -> dict:
-    args = [tiny_models["qwen2"], *CASES]
-    return torchrun("tests.multiproc.hybrid_checks", args, nproc=4, timeout=600).results[0]
+def cases(shared_launch) -> dict:
+    return shared_result(shared_launch, "hybrid")
 
 
 def test_engine_log_probs_equal_megatron_after_updates(cases):

