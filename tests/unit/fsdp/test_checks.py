@@ -15,6 +15,7 @@ from megarl.fsdp.checks import (
     UnusableModelError,
     check_actor_model,
     check_critic_model,
+    check_reference_model,
     check_reward_model,
     vllm_architectures,
 )
@@ -25,7 +26,12 @@ pytestmark = pytest.mark.unit
 SMALL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
 # the tiny tokenizer's ids (megarl.models.tiny.build_tiny_hf sets them); Phi-3's default pad id is 32000
 TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-CHECKS = {"actor": check_actor_model, "critic": check_critic_model, "reward": check_reward_model}
+CHECKS = {
+    "actor": check_actor_model,
+    "reference": check_reference_model,
+    "critic": check_critic_model,
+    "reward": check_reward_model,
+}
 
 
 def model_dir(tmp_path, config: transformers.PretrainedConfig, architecture: str | None) -> str:
@@ -48,6 +54,7 @@ def test_tiny_families_pass_in_every_role(tmp_path, family, role):
     config = tiny_config(family, num_hidden_layers=1, **TOKEN_IDS)
     heads = {
         "actor": "ForCausalLM",
+        "reference": "ForCausalLM",
         "critic": "ForTokenClassification",
         "reward": "ForSequenceClassification",
     }
@@ -69,6 +76,18 @@ def test_actor_vllm_runs_only_through_its_transformers_fallback_is_refused(tmp_p
     [problem] = refusal(check_actor_model, "actor", path)
     assert "runs this architecture only through its transformers fallback" in problem
     assert "the actor's FSDP model beside the engine would fail" in problem
+
+
+def test_reference_needs_no_vllm_model_class(tmp_path):
+    path = model_dir(tmp_path, transformers.Olmo2Config(**SMALL), "Olmo2ForCausalLM")
+    check_reference_model("reference", path)
+
+
+def test_reference_without_a_causal_lm_class_is_refused(tmp_path):
+    config = transformers.DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=64)
+    path = model_dir(tmp_path, config, "DistilBertForMaskedLM")
+    [problem] = refusal(check_reference_model, "reference", path)
+    assert "has no causal-LM class" in problem
 
 
 def test_actor_without_architectures_is_told_what_to_add(tmp_path):
