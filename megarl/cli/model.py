@@ -1,6 +1,7 @@
 """Models: build a tiny one offline, check megatron against transformers.
 
 megarl tiny-model --out DIR [--family F]      a tiny random HF model + tokenizer, built offline
+                                              (phi3, gemma2: transformers + vLLM only, for the FSDP backend)
 megarl verify-model --hf DIR --tp N --pp N [--nproc N] [--json]
 megarl parity-check [--out DIR]               Megatron vs transformers at 4 layouts, checkpoint round trip
 """
@@ -17,7 +18,9 @@ from megarl.cli.rank_jobs import check_launch, launch
 def register(commands: argparse._SubParsersAction) -> None:
     tiny = commands.add_parser("tiny-model", help="build a tiny random HF model + tokenizer offline")
     tiny.add_argument("--out", required=True)
-    tiny.add_argument("--family", default="llama", choices=["llama", "mistral", "qwen2", "qwen3"])
+    # megarl.models.tiny.ALL_TINY_FAMILIES (not imported here: transformers is slow to import)
+    families = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+    tiny.add_argument("--family", default="llama", choices=families)
     tiny.add_argument("--layers", type=int, default=None)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=tiny_model)

@@ -18,8 +18,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    Gemma2Config,
     LlamaConfig,
     MistralConfig,
+    Phi3Config,
     PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -46,6 +48,20 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
     # Full attention keeps Mistral numerically comparable to Llama at these lengths.
     "mistral": TinyFamily(MistralConfig, {"tie_word_embeddings": False, "sliding_window": None}),
 }
+
+# Architectures megarl's Megatron conversion does not cover, for the FSDP backend: both transformers and
+# vLLM (its own model classes, not its transformers fallback) run them, on CPU too.
+HF_ONLY_FAMILIES: dict[str, TinyFamily] = {
+    # Phi-3: q/k/v and gate/up fused in the checkpoint itself (qkv_proj, gate_up_proj).
+    "phi3": TinyFamily(Phi3Config, {"tie_word_embeddings": False, "sliding_window": None}),
+    # Gemma 2: tied embeddings scaled by sqrt(hidden), (1 + w) RMSNorms before and after each block,
+    # tanh soft-capping of attention scores and final logits, alternating sliding/global layers (the
+    # window is wider than the positions here). Its defaults (head_dim 256, query scale 1/16) are set to
+    # the tiny head size.
+    "gemma2": TinyFamily(Gemma2Config, {"head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 512}),
+}
+
+ALL_TINY_FAMILIES: dict[str, TinyFamily] = {**TINY_FAMILIES, **HF_ONLY_FAMILIES}
 
 TINY_DEFAULTS: dict[str, Any] = {
     "hidden_size": 128,
@@ -130,10 +146,13 @@ def build_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None) -> Pre
 
 
 def tiny_config(family: str = "llama", **overrides: Any) -> PretrainedConfig:
-    """The HF config of a tiny ``family`` model; ``overrides`` win over the defaults and the family table."""
-    if family not in TINY_FAMILIES:
-        raise ValueError(f"unknown tiny model family {family!r}; use one of {sorted(TINY_FAMILIES)}")
-    spec = TINY_FAMILIES[family]
+    """The HF config of a tiny ``family`` model; ``overrides`` win over the defaults and the family table.
+
+    ``family`` is one of `TINY_FAMILIES` (Megatron and FSDP backends) or `HF_ONLY_FAMILIES` (FSDP only).
+    """
+    if family not in ALL_TINY_FAMILIES:
+        raise ValueError(f"unknown tiny model family {family!r}; use one of {sorted(ALL_TINY_FAMILIES)}")
+    spec = ALL_TINY_FAMILIES[family]
     kwargs = {**TINY_DEFAULTS, **spec.config_kwargs, **overrides}
     # Some configs (Qwen3) default head_dim to 128 instead of deriving it.
     kwargs.setdefault("head_dim", kwargs["hidden_size"] // kwargs["num_attention_heads"])

@@ -3,7 +3,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from megarl.models.tiny import TINY_FAMILIES, build_tiny_hf
+from megarl.models.tiny import ALL_TINY_FAMILIES, HF_ONLY_FAMILIES, TINY_FAMILIES, build_tiny_hf
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +104,30 @@ def test_overrides_and_unknown_family(tmp_path):
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim) == (1, 64, 32)
     with pytest.raises(ValueError, match="unknown tiny model family"):
         build_tiny_hf(tmp_path / "x", family="gpt2")
+
+
+@pytest.mark.parametrize("family", sorted(HF_ONLY_FAMILIES))
+def test_hf_only_families_build_with_the_shared_tokenizer(tmp_path, family):
+    path = build_tiny_hf(tmp_path / family, family=family, num_hidden_layers=1)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert type(model).__name__ == {"phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[family]
+    assert (model.config.vocab_size, model.config.head_dim, model.config.num_hidden_layers) == (VOCAB, 32, 1)
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (
+        model.config.pad_token_id,
+        model.config.eos_token_id,
+    )
+    batch = tokenizer(["12 + 7 = 19", "the sum is"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch).logits).all()
+
+
+def test_cli_offers_every_tiny_family():
+    import argparse
+
+    from megarl.cli import model as model_cli
+
+    commands = argparse.ArgumentParser().add_subparsers()
+    model_cli.register(commands)
+    family = next(a for a in commands.choices["tiny-model"]._actions if a.dest == "family")
+    assert sorted(family.choices) == sorted(ALL_TINY_FAMILIES)

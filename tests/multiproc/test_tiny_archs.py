@@ -1,0 +1,47 @@
+"""The architectures only the FSDP backend trains (Phi-3, Gemma 2) run in megarl's vLLM engine as in
+transformers: greedy tokens equal, log-probs within fp32 noise, before and after a weight push by Hugging
+Face names. One single-rank launch builds both models and starts one engine after the other; it also
+holds megarl.fsdp.checks' reading of vLLM's registry against the imported registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from megarl.models.tiny import HF_ONLY_FAMILIES
+
+pytestmark = pytest.mark.multiproc
+
+LOG_PROB_TOL = 1e-4  # measured ≤ 5e-6 (fp32, different op order); see tests/multiproc/test_vllm_rollout.py
+
+
+@pytest.fixture(scope="module")
+def checks(torchrun, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("hf_only_families")
+    args = [root, *sorted(HF_ONLY_FAMILIES)]
+    return torchrun("tests.multiproc.tiny_arch_checks", args, nproc=1, timeout=400).results[0]
+
+
+@pytest.mark.parametrize("family", sorted(HF_ONLY_FAMILIES))
+@pytest.mark.parametrize("weights", ["built", "pushed"])
+def test_engine_greedy_tokens_equal_transformers(checks, family, weights):
+    result = checks[family][weights]
+    assert result["greedy_tokens"] == result["hf_greedy_tokens"]
+
+
+@pytest.mark.parametrize("family", sorted(HF_ONLY_FAMILIES))
+@pytest.mark.parametrize("weights", ["built", "pushed"])
+def test_engine_log_probs_match_transformers(checks, family, weights):
+    result = checks[family][weights]
+    assert result["greedy_log_prob_diff"] < LOG_PROB_TOL
+    assert result["sampled_log_prob_diff"] < LOG_PROB_TOL
+
+
+@pytest.mark.parametrize("family", sorted(HF_ONLY_FAMILIES))
+def test_pushed_weights_change_the_engine(checks, family):
+    built, pushed = checks[family]["built"], checks[family]["pushed"]
+    assert pushed["greedy_tokens"] != built["greedy_tokens"]
+    assert checks[family]["push_loader"] in ("layers", "reload_weights")
+
+
+def test_checks_read_vllms_registry_as_vllm_imports_it(checks):
+    assert checks["registry_read_matches"] == {"native": True, "fallback": True}
