@@ -52,7 +52,7 @@ class HybridEngine:
         r = rollout.rollout
         self.sampling = r  # training rollouts; r.val for validation
         self.offload, self.reload = offload, reload
-        self.source = source
+        self.source, self.tp_groups = source, tp_groups
         self.rollout = VLLMRollout(rollout, tp_groups=tp_groups)
         self.rollout.sleep()  # frees device memory for training; a no-op on CPU
         self.last_stats: ReshardStats | None = None  # this rank's numbers of the latest sync

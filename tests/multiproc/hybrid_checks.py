@@ -78,7 +78,7 @@ def run_case(model: str, case: str) -> dict:
         "max_abs_logprob_diff": diffs,
         "bytes_over_floor": ratios,
         "update_moved_logprobs": changed,
-        "engine_groups": actor.worker.hybrid.plan.gen_tp_groups,
+        "engine_groups": actor.worker.hybrid.tp_groups,
         "engine_ranks": actor.worker.hybrid.rollout.tp_ranks,
         "responses": int(out["response_mask"].sum()),
         "seconds": seconds[-1],
