@@ -28,11 +28,11 @@ def _step(n: int, text: str) -> float:
     return time.perf_counter()
 
 
-def quickstart_overrides(out: Path, seed: int) -> tuple[list[str], list[str]]:
+def quickstart_overrides(out: Path, seed: int, family: str = "llama") -> tuple[list[str], list[str]]:
     """(SFT overrides, GRPO overrides) pointing the two configs at the run's directories."""
     data = out / "data"
     sft = [
-        f"model.path={out / 'models' / 'llama'}",
+        f"model.path={out / 'models' / family}",
         f"data.train_files=[{data / 'sft.parquet'}]",
         f"trainer.output_dir={out / 'sft'}",
         f"trainer.seed={seed}",
@@ -67,7 +67,11 @@ class TaskSetup:
 
 
 def prepare(
-    out: Path, seed: int = 0, log: Callable[[int, str], float] | None = None, overrides: Sequence[str] = ()
+    out: Path,
+    seed: int = 0,
+    log: Callable[[int, str], float] | None = None,
+    overrides: Sequence[str] = (),
+    family: str = "llama",
 ) -> TaskSetup:
     """Steps 1–3 of the quickstart under `out` (kept: a second call with the same `out` reuses them): the
     tiny Llama, the task's data and the SFT'd policy (`overrides` on the SFT config). The examples start
@@ -78,14 +82,14 @@ def prepare(
     from megarl.trainer.sft import SFTTrainer
 
     out = Path(out).resolve()  # the worker processes may run in another directory
-    setup = TaskSetup(out / "models" / "llama", out / "sft" / "hf", out / "data")
+    setup = TaskSetup(out / "models" / family, out / "sft" / "hf", out / "data")
     if (setup.sft_model / "config.json").exists() and (setup.data / "val.parquet").exists():
         return setup
     step = log or (lambda n, text: time.perf_counter())
-    sft_overrides, _ = quickstart_overrides(out, seed)
+    sft_overrides, _ = quickstart_overrides(out, seed, family)
 
-    start = step(1, f"building a tiny Llama under {out}/models")
-    build_tiny_hf(setup.base_model, family="llama", seed=seed)
+    start = step(1, f"building a tiny {family} model under {out}/models")
+    build_tiny_hf(setup.base_model, family=family, seed=seed)
     print(f"      done in {time.perf_counter() - start:.1f}s")
 
     start = step(2, f"writing the {TASK} task (warm-start answers: half copy the input) under {out}/data")
@@ -112,18 +116,31 @@ def task_config(setup: TaskSetup, out: str | Path, **keys: object) -> dict:
 
 
 def run_quickstart(
-    out: Path, seed: int = 0, grpo_steps: int | None = None, overrides: Sequence[str] = ()
+    out: Path,
+    seed: int = 0,
+    grpo_steps: int | None = None,
+    overrides: Sequence[str] = (),
+    family: str = "llama",
 ) -> int:
-    """Steps 1–4; `overrides` apply to both the SFT and the GRPO config (e.g. actor.backend=fsdp)."""
+    """Steps 1–4; `overrides` apply to both the SFT and the GRPO config (e.g. actor.backend=fsdp). A
+    `family` outside megarl's conversion tables (phi3, gemma2) trains on the fsdp backend."""
+    from megarl.models.tiny import ALL_TINY_FAMILIES, TINY_FAMILIES
+
+    if family not in ALL_TINY_FAMILIES:
+        raise ValueError(
+            f"--family {family!r} is not a tiny family; use one of {', '.join(ALL_TINY_FAMILIES)}"
+        )
+    if family not in TINY_FAMILIES:
+        overrides = ["actor.backend=fsdp", *overrides]
     from megarl.config import load_config
     from megarl.trainer.rl_trainer import RLTrainer
 
     shutil.rmtree(out, ignore_errors=True)
     began = time.perf_counter()
-    _, grpo_overrides = quickstart_overrides(out, seed)
+    _, grpo_overrides = quickstart_overrides(out, seed, family)
     if grpo_steps is not None:
         grpo_overrides.append(f"trainer.total_steps={grpo_steps}")
-    prepare(out, seed, log=_step, overrides=overrides)
+    prepare(out, seed, log=_step, overrides=overrides, family=family)
     grpo_overrides += overrides
 
     start = _step(4, "GRPO through the 3D-HybridEngine (configs/quickstart_grpo.yaml)")

@@ -13,6 +13,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     quick.add_argument("--seed", type=int, default=0, help="seed of the model, data, SFT and GRPO")
     quick.add_argument("--grpo-steps", type=int, default=None, help="default: the config's")
     quick.add_argument(
+        "--family",
+        default="llama",
+        help="the tiny model's architecture (megarl tiny-model's families; phi3 and gemma2 run on actor.backend=fsdp)",
+    )
+    quick.add_argument(
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
@@ -25,5 +30,9 @@ def quickstart(args: argparse.Namespace) -> int:
     from megarl.quickstart import run_quickstart
 
     return run_quickstart(
-        Path(args.out), seed=args.seed, grpo_steps=args.grpo_steps, overrides=args.overrides
+        Path(args.out),
+        seed=args.seed,
+        grpo_steps=args.grpo_steps,
+        overrides=args.overrides,
+        family=args.family,
     )

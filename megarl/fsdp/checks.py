@@ -30,9 +30,11 @@ from transformers import (
 )
 
 from megarl.config.errors import ConfigError
+from megarl.config.schema import MegarlConfig
 
 __all__ = [
     "UnusableModelError",
+    "check_fsdp_roles",
     "VllmArchitectures",
     "check_actor_model",
     "check_critic_model",
@@ -267,3 +269,28 @@ def _check_vllm(
             f"with it; use an architecture vLLM runs ({examples}; all: vllm/model_executor/models/registry.py), "
             "or train this model in a role that does not generate (critic, reward model)"
         )
+
+
+def check_fsdp_roles(cfg: MegarlConfig) -> None:
+    """Raise UnusableModelError (every problem at once) unless each enabled role on the fsdp backend can
+    load its model: the actor's generates in vLLM, the reference's is a causal LM, the critic's has a
+    token-classification head, the reward model's a sequence-classification head; all shardable.
+    Cheap (meta device, no weights); called before any worker starts."""
+    m = cfg.model
+    checks = []
+    if cfg.actor.backend == "fsdp":
+        checks.append((check_actor_model, "actor", m.path))
+    if cfg.ref.enable and cfg.backend_of("ref") == "fsdp":
+        checks.append((check_reference_model, "ref", m.path))
+    if cfg.critic.enable and cfg.critic.backend == "fsdp":
+        checks.append((check_critic_model, "critic", cfg.critic.model_path or m.path))
+    if cfg.reward.enable and cfg.reward.backend == "fsdp" and cfg.reward.kind == "classifier":
+        checks.append((check_reward_model, "reward", cfg.reward.model_path))
+    problems: list[str] = []
+    for check, role, path in checks:
+        try:
+            check(role, str(path), m.trust_remote_code)
+        except UnusableModelError as e:
+            problems += e.problems
+    if problems:
+        raise UnusableModelError(problems)

@@ -101,11 +101,13 @@ def enabled_roles(cfg: MegarlConfig) -> list[str]:
 
 def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
     """Start every worker group `cfg` (resolved) needs; on failure, whatever started is shut down."""
+    from megarl.fsdp.checks import check_fsdp_roles
     from megarl.workers.reward_trainer import RewardTrainerWorker
 
     backend = group_backend(cfg)
     options = group_options(cfg)
     plan = placement(cfg)  # a ConfigError here, before any process starts
+    check_fsdp_roles(cfg)  # each FSDP role's model loadable (meta device), before any process starts
     pools: dict[str, Any] = {}
     started: list[WorkerGroup] = []  # shut down, last first, when a later role fails to start
 

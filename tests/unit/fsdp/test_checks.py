@@ -179,3 +179,26 @@ def test_vllm_registry_is_read_without_importing_vllm():
     assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM"} <= vllm.native
     assert {"Olmo2ForCausalLM", "GPTNeoXForCausalLM"} <= vllm.fallback
     assert not vllm.native & vllm.fallback
+
+
+def test_a_run_checks_every_fsdp_role_and_reports_them_together(tmp_path):
+    """check_fsdp_roles, called before any worker starts: the actor's OLMo 2 has no vLLM class of its own
+    and its critic no value head; a Megatron role's model is not its business."""
+    from megarl.config import load_config
+    from megarl.fsdp.checks import check_fsdp_roles
+
+    path = model_dir(tmp_path, transformers.Olmo2Config(**SMALL), "Olmo2ForCausalLM")
+    overrides = [
+        f"model.path={path}",
+        "actor.backend=fsdp",
+        "critic.backend=fsdp",
+        "algorithm.adv_estimator=gae",
+    ]
+    cfg = load_config(None, [*overrides, "algorithm.name=ppo"], check_paths=False)
+    with pytest.raises(UnusableModelError) as caught:
+        check_fsdp_roles(cfg)
+    roles = [p.split(":", 1)[0] for p in caught.value.problems]
+    assert roles == ["actor", "critic"], caught.value.problems
+    assert "runs this architecture only through its transformers fallback" in caught.value.problems[0]
+    cfg.actor.backend = cfg.critic.backend = "megatron"
+    check_fsdp_roles(cfg)  # nothing on FSDP: nothing to check here
