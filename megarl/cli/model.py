@@ -14,13 +14,14 @@ from pathlib import Path
 
 from megarl.cli.rank_jobs import check_launch, launch
 
+# megarl.models.tiny.ALL_TINY_FAMILIES (not imported here: transformers is slow to import)
+TINY_FAMILY_NAMES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     tiny = commands.add_parser("tiny-model", help="build a tiny random HF model + tokenizer offline")
     tiny.add_argument("--out", required=True)
-    # megarl.models.tiny.ALL_TINY_FAMILIES (not imported here: transformers is slow to import)
-    families = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
-    tiny.add_argument("--family", default="llama", choices=families)
+    tiny.add_argument("--family", default="llama", choices=TINY_FAMILY_NAMES)
     tiny.add_argument("--layers", type=int, default=None)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=tiny_model)

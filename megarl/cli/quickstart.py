@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from megarl.cli.model import TINY_FAMILY_NAMES
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     quick = commands.add_parser("quickstart", help="tiny model -> SFT warm-start -> GRPO on 2 CPU processes")
@@ -15,7 +17,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     quick.add_argument(
         "--family",
         default="llama",
-        help="the tiny model's architecture (megarl tiny-model's families; phi3 and gemma2 run on actor.backend=fsdp)",
+        choices=TINY_FAMILY_NAMES,
+        help="the tiny model's architecture (phi3 and gemma2 train on actor.backend=fsdp)",
     )
     quick.add_argument(
         "overrides",
