@@ -79,11 +79,14 @@ def check_complete_layers(names: Iterable[str], layers: Mapping[str, set[str]]) 
 
 
 def request_seeds(seed: int, replica: int, step: int, n_prompts: int) -> list[int]:
-    """One sampling seed per prompt of generate call `step` on generation replica `replica`: fresh for
-    every call and replica, the same on every rank of a replica (so its TP ranks sample identical
-    tokens). vLLM gives sample j of a prompt seed + j."""
-    sequence = np.random.SeedSequence([seed, replica, step])
-    return [int(s) >> 1 for s in sequence.generate_state(n_prompts, dtype=np.uint32)]
+    """One sampling seed per prompt of generate call `step` on generation replica `replica`, which holds
+    prompts replica·n_prompts … of the call (the dispatch gives every replica an equal share): prompt i of
+    a call gets the same seed whatever the number of replicas (a run resumed on other devices samples what
+    it would have), a fresh one at every call, the same on every rank of a replica (so its TP ranks sample
+    identical tokens). vLLM gives sample j of a prompt seed + j."""
+    first = replica * n_prompts
+    states = np.random.SeedSequence([seed, step]).generate_state(first + n_prompts, dtype=np.uint32)
+    return [int(s) >> 1 for s in states[first:]]
 
 
 def sampling_params(sampling: SamplingConfig, max_tokens: int, seed: int, log_probs: bool = True) -> dict:
