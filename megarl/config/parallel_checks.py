@@ -78,17 +78,21 @@ def load_dims(cfg: MegarlConfig, check_paths: bool, problems: list[str]) -> dict
     # an hf-backend RM is any transformers classifier: no decoder dims to check
     if cfg.reward.enable and cfg.reward.model_path and cfg.reward.backend == "megatron":
         paths["reward"] = ("reward.model_path", cfg.reward.model_path)
+    # a model megarl's conversion tables must build: a Megatron role's (the reference's is the actor's path);
+    # an FSDP role runs any architecture transformers knows (megarl.fsdp.checks, before the workers start)
+    megatron = {r: cfg.backend_of(r) == "megatron" for r in paths if r != "reward"} | {"reward": True}
+    megatron["actor"] = megatron["actor"] or bool(cfg.ref.enable and cfg.backend_of("ref") == "megatron")
     dims: dict[str, ModelDims] = {}
-    read: dict[str, ModelDims | None] = {}
+    read: dict[tuple[str | None, bool], ModelDims | None] = {}
     for role, (key, path) in paths.items():
-        if path not in read:
-            read[path] = _read_dims(key, path, problems)
-        if read[path] is not None:
-            dims[role] = read[path]
+        if (path, megatron[role]) not in read:
+            read[path, megatron[role]] = _read_dims(key, path, problems, megatron[role])
+        if read[path, megatron[role]] is not None:
+            dims[role] = read[path, megatron[role]]
     return dims
 
 
-def _read_dims(key: str, path: str | None, problems: list[str]) -> ModelDims | None:
+def _read_dims(key: str, path: str | None, problems: list[str], megatron: bool = True) -> ModelDims | None:
     if not path:
         problems.append(f"{key} is not set; set {key}=/path/to/hf_checkpoint (a directory with config.json)")
         return None
@@ -105,7 +109,8 @@ def _read_dims(key: str, path: str | None, problems: list[str]) -> ModelDims | N
         return None
     try:
         dims = read_model_dims(path)
-        if (model_type := dims.model_type) is not None and model_type not in typing.get_args(ModelType):
+        model_type = dims.model_type
+        if megatron and model_type is not None and model_type not in typing.get_args(ModelType):
             problems.append(
                 f"{key}={path} is a {model_type!r} model (model_type in its config.json), which megarl does not "
                 f"build; use a checkpoint of one of {', '.join(typing.get_args(ModelType))}"
