@@ -15,7 +15,7 @@ from megarl.bench.memory import PeakMemory
 def fsdp_side(args, batch) -> dict:
     """Time FSDP's `update(batch)` as the Megatron side's is timed; the actor is released after."""
     from megarl.bench.train import actor_config, time_actor
-    from megarl.fsdp.roles import FSDPActorWorker
+    from megarl.workers.fsdp_roles import FSDPActorWorker
 
     memory = PeakMemory()
     memory.start()
