@@ -8,8 +8,10 @@ advantages (PPO clip loss at ratio 1, token-mean, the fused old log-probs). tran
 checkpoint (SDPA attention), log-softmax of the response positions, the same loss, backward, AdamW.
 Both: `--warmup` updates, then the median (min–max) of `--repeats`. The CPU shims' share is measured
 in the same process: the number of torch calls the cuda_literal mode intercepts during one update,
-times its per-call cost (timed on a small op with and without the mode). Writes `<out>/train.json`
-and `train.md`.
+times its per-call cost (timed on a small op with and without the mode). Each side's peak memory is
+measured in the same process, one side after another (megarl.bench.memory: CUDA's peak allocation,
+or on CPU the resident set's high-water mark reset per side). `--backend fsdp` adds megarl's FSDP actor
+on the same batch (megarl.bench.train_fsdp). Writes `<out>/train.json` and `train.md`.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
+from megarl.bench import train_fsdp
 from megarl.bench.e2e import SIZES, prepare
 from megarl.bench.measure import spread, spread_text
+from megarl.bench.memory import PeakMemory
 
 
 def _batch(vocab: int, n: int, prompt: int, response: int, seed: int = 0):
@@ -95,21 +100,41 @@ def peak_flops(dtype: str) -> float | None:
     return next((peaks[dtype] for key, peaks in PEAK_FLOPS.items() if key in name), None)
 
 
-def _megatron(args, batch) -> dict:
-    from megarl.config.roles import role_spec
+def actor_config(args, backend: Literal["megatron", "fsdp"]):
+    """The actor's config for this bench: one mini-batch of all sequences, the fused old log-probs."""
     from megarl.config.schema import MegarlConfig
-    from megarl.models.openblas_linear import gemm_of
-    from megarl.workers.actor import ActorWorker
 
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = args.model, args.dtype
     cfg.rollout.n, cfg.data.train_batch_size = 1, args.sequences
     cfg.algorithm.ppo_mini_batch_size = args.sequences
     cfg.algorithm.old_log_prob = "fused"
+    cfg.actor.backend = backend
     cfg.actor.micro_batch_size = args.micro_batch or args.sequences
     cfg.actor.optimizer.weight_decay, cfg.actor.optimizer.clip_grad = 0.0, 1.0
-    actor = ActorWorker(role_spec(cfg, "actor"))
-    timed = _timed(lambda: actor.update(batch), args.warmup, args.repeats)
+    return cfg
+
+
+def time_actor(actor_cls, cfg, args, batch, memory: PeakMemory) -> tuple:
+    """(the actor, {"seconds", "page_faults", "first_update": the metrics of its first update}), its
+    build and updates measured by `memory` (started by the caller before anything of it is built)."""
+    from megarl.config.roles import role_spec
+
+    actor = actor_cls(role_spec(cfg, "actor"))
+    memory.built()
+    updates: list[dict] = []
+    timed = _timed(lambda: updates.append(actor.update(batch)), args.warmup, args.repeats)
+    memory.stop()
+    return actor, {**timed, "first_update": updates[0], "memory": memory.result}
+
+
+def _megatron(args, batch) -> dict:
+    from megarl.models.openblas_linear import gemm_of
+    from megarl.workers.actor import ActorWorker
+
+    memory = PeakMemory()
+    memory.start()
+    actor, timed = time_actor(ActorWorker, actor_config(args, "megatron"), args, batch, memory)
     calls = _count_mode_calls(lambda: actor.update(batch))
     return {**timed, "intercepted_calls": calls, "gemm": gemm_of(actor.chunks)}
 
@@ -161,6 +186,8 @@ def _transformers(args, batch) -> dict:
     from megarl.distributed.platform import platform
 
     device = platform().device
+    memory = PeakMemory()
+    memory.start()
     # bf16: fp32 weights and optimizer under autocast, as Megatron's bf16 params + fp32 main params
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
@@ -186,7 +213,10 @@ def _transformers(args, batch) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
 
-        return _timed(step, args.warmup, args.repeats)
+        memory.built()
+        timed = _timed(step, args.warmup, args.repeats)
+        memory.stop()
+        return {**timed, "memory": memory.result}
 
 
 def bench_rank(spec: dict) -> dict:
@@ -200,13 +230,14 @@ def bench_rank(spec: dict) -> dict:
     batch = _batch(hf_config.vocab_size, args.sequences, args.prompt_len, args.response_len)
     megatron = _megatron(args, batch)
     hf = _transformers(args, batch)
+    fsdp = train_fsdp.fsdp_side(args, batch) if args.backend == "fsdp" else None
     per_call = _mode_cost_per_call()
     tokens = args.sequences * (args.prompt_len + args.response_len)
     m, h = spread(megatron["seconds"]), spread(hf["seconds"])
     shim_seconds = megatron["intercepted_calls"] * per_call
     flops = update_flops(hf_config, args.sequences, args.prompt_len + args.response_len)
     peak = peak_flops(args.dtype)
-    return {
+    result = {
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "gemm": megatron["gemm"],  # Megatron's linear layers (transformers always multiplies with torch's)
@@ -225,14 +256,19 @@ def bench_rank(spec: dict) -> dict:
             "seconds": shim_seconds,
             "share_of_update": shim_seconds / m["median"],
         },
+        "memory": {"megatron": megatron["memory"], "transformers": hf["memory"]},
     }
+    if fsdp is not None:
+        result["fsdp"] = train_fsdp.summary(fsdp, megatron, tokens)
+        result["memory"]["fsdp"] = fsdp["memory"]
+    return result
 
 
 def run(args: argparse.Namespace) -> dict:
     from megarl.distributed.rank_program import launch_rank_program
 
     root = Path(args.out)
-    result = {"sizes": {}}
+    result: dict = {"sizes": {}}
     for name in args.sizes:
         model, _, params = prepare(SIZES[name], root)
         spec = {
@@ -245,6 +281,7 @@ def run(args: argparse.Namespace) -> dict:
             "threads": args.threads or os.cpu_count(),
             "micro_batch": args.micro_batch,
             "dtype": args.dtype,
+            "backend": args.backend,
         }
         print(
             f"bench train {name}: {params / 1e6:.2f}M, {args.sequences}×({args.prompt_len}+{args.response_len})"
@@ -281,7 +318,7 @@ def table(result: dict) -> str:
             f"| {m['tokens_per_s']:.0f} | {h['tokens_per_s']:.0f} | **{r['ratio_tokens_per_s']:.2f}×** | {mfu_text} | {faults_text} "
             f"| {s['intercepted_calls']} | {s['seconds']:.3f} ({s['share_of_update']:.0%}) |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + train_fsdp.table(result)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -301,4 +338,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--micro-batch", type=int, default=None, help="Megatron's micro-batch (default: all sequences, as HF)"
+    )
+    parser.add_argument(
+        "--backend",
+        default="megatron",
+        choices=["megatron", "fsdp"],
+        help="fsdp: also time megarl's FSDP actor on the same batch, beside Megatron and transformers, "
+        "with each side's peak memory (a second table)",
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 TABLE_SUITES = {
     "e2e": "a GRPO step, megarl vs TRL's GRPOTrainer, same machine and run",
     "scaling": "megarl's step time as model, prompts and length grow",
-    "train": "policy update: Megatron vs transformers eager, same batch",
+    "train": "policy update: Megatron vs transformers eager (--backend fsdp: and FSDP), same batch",
     "rollout": "vLLM in the trainer after a weight sync vs a standalone engine",
     "reward": "the reward stage per row: contained in reward workers vs called in the driver",
 }
