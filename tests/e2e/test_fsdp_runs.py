@@ -60,7 +60,10 @@ def test_fsdp_resume_at_the_same_dp_is_bit_exact(fsdp_run, rl_setup, tmp_path_fa
 def test_fsdp_resume_at_another_dp_is_within_1e5(fsdp_run, rl_setup, tmp_path_factory):
     out, train = fsdp_run
     step = resumed_step_3(rl_setup, tmp_path_factory, out, "trainer.n_devices_per_node=1")
-    compared = assert_same_metrics(train[2], step, rel=1e-5, abs_=1e-7)
+    # the same rollouts (a prompt's sampling seed does not depend on the number of engines), the same
+    # update; the DP token balance exists only at DP > 1
+    expected = {k: v for k, v in train[2].items() if not k.startswith("balance/")}
+    compared = assert_same_metrics(expected, step, rel=1e-5, abs_=1e-7)
     assert len(compared) > 20
 
 
@@ -78,6 +81,6 @@ def test_megatron_actor_with_an_fsdp_critic(rl_setup, tmp_path_factory):
     )
     history, _ = run(cfg)
     train = steps(history)
-    losses = [h["critic/vf_loss"] for h in train]
+    losses = [h["critic/value_loss"] for h in train]
     assert all(math.isfinite(v) for v in losses) and all(h["critic/grad_norm"] > 0 for h in train)
     assert min(losses[2:]) < losses[0], losses  # the value model fits the returns
