@@ -21,7 +21,7 @@ import torch
 # engines. 2 ranks: cpu_shims first, it needs ranks on which no megatron call ran yet (each shim's call
 # must fail without it).
 ORDER = ("spmd", "reshard", "fsdp_sync", "policy", "parity", "checkpoint", "vllm_tp", "hybrid")
-ORDER_2 = ("cpu_shims", "train_state", "reward_hf_dp")
+ORDER_2 = ("cpu_shims", "train_state", "reward_hf_dp", "fsdp")
 
 
 def _launch(request, torchrun, attribute: str, order: tuple[str, ...], nproc: int) -> dict:

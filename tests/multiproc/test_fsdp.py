@@ -1,17 +1,29 @@
 """The FSDP roles (megarl.fsdp) against the Megatron roles and transformers (fp32, CPU): the same step-1
-log-probs, loss and gradient norm, the same update, at DP2 and DP1 (one launch of
-tests/multiproc/fsdp_checks.py at each world size)."""
+log-probs, loss and gradient norm, the same update, at DP2 and DP1 (tests/multiproc/fsdp_checks.py in the
+shared 2-rank launch, and in a 1-rank launch of its own)."""
 
 import pytest
 import torch
 
+from tests.multiproc.conftest import shared_result
+
 pytestmark = pytest.mark.multiproc
 
 
+def _argv(request) -> list:
+    return [
+        request.getfixturevalue("tiny_models")["llama"],
+        request.getfixturevalue("tiny_reward_models")["llama"],
+    ]
+
+
+SHARED_PART_2 = ("fsdp", "tests.multiproc.fsdp_checks", _argv)
+
+
 @pytest.fixture(scope="module")
-def fsdp_runs(torchrun, tiny_models, tiny_reward_models) -> dict[int, dict]:
-    args = [tiny_models["llama"], tiny_reward_models["llama"]]
-    return {n: torchrun("tests.multiproc.fsdp_checks", args, nproc=n, timeout=600).results[0] for n in (2, 1)}
+def fsdp_runs(request, shared_launch_2, torchrun) -> dict[int, dict]:
+    dp1 = torchrun("tests.multiproc.fsdp_checks", _argv(request), nproc=1, timeout=600).results[0]
+    return {2: shared_result(shared_launch_2, "fsdp"), 1: dp1}
 
 
 def rel(a: float, b: float) -> float:

@@ -68,11 +68,10 @@ def engine(torchrun, tiny_models) -> dict:
     return torchrun("tests.multiproc.fsdp_sync_checks:engine", args, nproc=2, timeout=600).results[0]
 
 
-@pytest.mark.parametrize("case", ["tg2", "tg1"])
-def test_engine_fed_by_the_sync_generates_as_transformers(engine, case):
-    result = engine[case]
+def test_engine_fed_by_the_sync_generates_as_transformers(engine):
+    result = engine["tg2"]
     assert result["ratio"] == 1.0
     # the engine read only each rank's region: everything else was NaN
     assert result["log_prob_diff"] <= 2e-5, result
     assert result["original_diff"] > 1e-2, result  # the start-up weights were replaced
-    assert result["loaders"] == (["reload_weights"] if case == "tg2" else ["layers"])
+    assert result["loaders"] == ["reload_weights"]
