@@ -291,6 +291,7 @@ def export_fsdp_hf(model: torch.nn.Module, model_path: str | Path, out_dir: str 
     out_dir = Path(out_dir)
     staging = begin_write(out_dir, overwrite=True)  # collective
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = {name: full[name] for name in _saved_names(model, full)}
     failure = None
     if dist.get_rank() == 0:
         try:
@@ -309,6 +310,14 @@ def export_fsdp_hf(model: torch.nn.Module, model_path: str | Path, out_dir: str 
         raise OSError("; ".join(f for f in failures if f))
     finish_write(staging, out_dir)  # collective
     return out_dir
+
+
+def _saved_names(model: torch.nn.Module, state: dict) -> list[str]:
+    """The state dict's names less the second name of a tied parameter (a tied lm_head is the embedding,
+    which the model's own checkpoint stores once: vLLM refuses an lm_head tensor a tied model lacks)."""
+    owners = {id(p): name for name, p in model.named_parameters(remove_duplicate=True)}
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False) if owners[id(p)] != name}
+    return [name for name in state if name not in tied]
 
 
 def _name_the_class(config_file: Path, name: str) -> None:
