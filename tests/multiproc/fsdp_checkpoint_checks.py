@@ -47,6 +47,29 @@ def build(hf: str) -> tuple[torch.nn.Module, FSDPOptimizer]:
     return model, build_fsdp_optimizer(model, OPTIMIZER, TOTAL_STEPS)
 
 
+def tied_export(work: Path) -> dict[str, Any]:
+    """The HF export of a model whose lm_head is its embedding (a tiny Qwen2): stored once, as the
+    model's own save_pretrained does (vLLM refuses an lm_head a tied model lacks)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from megarl.models.tiny import build_tiny_hf
+
+    src = work / "qwen2_tied"
+    if dist.get_rank() == 0:
+        build_tiny_hf(src, family="qwen2", num_hidden_layers=1)
+    dist.barrier()
+    model, _ = build(str(src))
+    out = export_fsdp_hf(model, str(src), work / "qwen2_export")
+    if dist.get_rank() != 0:
+        return {}
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    return {
+        "lm_head_stored": any("lm_head" in k for k in load_file(str(out / "model.safetensors"))),
+        "tied": exported.lm_head.weight.data_ptr() == exported.model.embed_tokens.weight.data_ptr(),
+    }
+
+
 def global_batch(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (GLOBAL_BATCH, SEQ), generator=torch.Generator().manual_seed(3))
 
@@ -170,6 +193,7 @@ def world2(hf: str, work: Path) -> dict[str, Any]:
     reference = train_step(model, optimizer)
     reference_weights = full_weights(model)
     export = export_fsdp_hf(model, hf, work / "export")
+    tied = tied_export(work)
 
     torch.manual_seed(999)  # a fresh process's other seed: the load must bring back the saved one
     resumed, resumed_opt = build(hf)
@@ -211,6 +235,7 @@ def world2(hf: str, work: Path) -> dict[str, Any]:
             "weights_equal": all(torch.equal(state[k], reference_weights[k]) for k in reference_weights),
             "partial_left": Path(str(export) + ".partial").exists(),
         }
+        result["tied_export"] = tied
         converted = export_checkpoint_hf(ckpt, work / "converted")  # `megarl convert mcore-to-hf`
         weights = AutoModelForCausalLM.from_pretrained(converted["out"], dtype=torch.float32).state_dict()
         result["convert"] = {

@@ -57,6 +57,7 @@ def test_hf_export_is_the_models_own_save_pretrained_layout(world2):
     assert export["keys_equal"] and export["weights_equal"]
     assert "model.safetensors" in export["files"] and "tokenizer.json" in export["files"]
     assert not export["partial_left"]
+    assert world2["tied_export"] == {"lm_head_stored": False, "tied": True}  # a tied head stored once
 
 
 def test_convert_exports_the_saved_checkpoint_with_the_saved_weights(world2):
