@@ -114,6 +114,16 @@ def load_schedule(role_dir: Path, scheduler) -> bool:
     return True
 
 
+def load_rank_state(role_dir: Path, rank: int, same_layout: bool, load_rng: bool) -> tuple[dict, str]:
+    """(the worker's extra state, what happened to the RNG) of a load: this rank's random states and
+    counters at the saved layout, else rank 0's counters only (random states mean something on their own
+    rank alone)."""
+    if same_layout and load_rng:
+        return rng_state.restore(*rng_state.read_rank_state(role_dir, rank)), "restored"
+    info, _ = rng_state.read_rank_state(role_dir, 0)
+    return dict(info.get("extra", {})), "reseeded (layout changed)" if not same_layout else "not loaded"
+
+
 def wrong_backend(role_dir: Path, meta: dict[str, Any], expected: str) -> CheckpointError | None:
     """The error for loading a checkpoint another backend wrote (megarl_checkpoint.json's `backend`;
     a checkpoint without one is Megatron's), or None when it is `expected`'s."""

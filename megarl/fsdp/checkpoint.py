@@ -36,6 +36,7 @@ from megarl.checkpoint.role_common import (
     check_hf_fingerprint,
     hf_fingerprint,
     load_errors,
+    load_rank_state,
     load_schedule,
     rank_bytes,
     save_errors,
@@ -266,14 +267,7 @@ def load_fsdp_state(
     if optimizer is not None and load_schedule(role_dir, optimizer.scheduler):
         report["num_updates"] = optimizer.num_updates
     same_layout = meta.get("layout") == _layout(world)
-    if same_layout and load_rng:
-        report["extra_state"] = rng_state.restore(*rng_state.read_rank_state(role_dir, rank))
-        report["rng"] = "restored"
-    else:
-        # Counters carry over (rank 0's); random states only mean something on their own rank.
-        info, _ = rng_state.read_rank_state(role_dir, 0)
-        report["extra_state"] = dict(info.get("extra", {}))
-        report["rng"] = "reseeded (layout changed)" if not same_layout else "not loaded"
+    report["extra_state"], report["rng"] = load_rank_state(role_dir, rank, same_layout, load_rng)
     report["verified_files"] = len(manifest["files"])
     report["seconds"] = time.perf_counter() - start
     return report

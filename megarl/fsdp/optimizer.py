@@ -22,7 +22,7 @@ import math
 import torch
 
 from megarl.config.schema import OptimizerConfig
-from megarl.models.optimizer import lr_decay_steps
+from megarl.models.optimizer import lr_scheduler
 
 
 class FSDPOptimizer:
@@ -96,8 +96,6 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_fsdp_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, total_steps: int) -> FSDPOptimizer:
     """torch's AdamW / Adam / SGD for `model` (after fully_shard) with megatron's LR schedule of `cfg`."""
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     groups = _param_groups(model, cfg.weight_decay)
     beta1, beta2 = cfg.betas
     optimizer: torch.optim.Optimizer
@@ -111,18 +109,4 @@ def build_fsdp_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, total_ste
         )
     else:
         optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    decay_steps = lr_decay_steps(cfg, total_steps)
-    scheduler = OptimizerParamScheduler(
-        optimizer,
-        init_lr=0.0,
-        max_lr=cfg.lr,
-        min_lr=cfg.min_lr,
-        lr_warmup_steps=cfg.lr_warmup_steps,
-        lr_decay_steps=decay_steps,
-        lr_decay_style=cfg.lr_decay_style,
-        start_wd=cfg.weight_decay,
-        end_wd=cfg.weight_decay,
-        wd_incr_steps=decay_steps,
-        wd_incr_style="constant",
-    )
-    return FSDPOptimizer(optimizer, scheduler, model, cfg.clip_grad)
+    return FSDPOptimizer(optimizer, lr_scheduler(optimizer, cfg, total_steps), model, cfg.clip_grad)

@@ -150,11 +150,10 @@ def build_optimizer(
         raise ValueError(
             "optimizer name='sgd' needs use_distributed_optimizer=False (megatron shards Adam only)"
         )
-    decay_steps = lr_decay_steps(cfg, total_steps)
+    lr_decay_steps(cfg, total_steps)  # a schedule that cannot work is refused before anything is built
 
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
     from megatron.core.optimizer import get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     model_config = chunks[0].config
     beta1, beta2 = cfg.betas
@@ -182,7 +181,16 @@ def build_optimizer(
     _allow_loading_sgd_state(optimizer)
     # The schedules multiply each loss by the current loss scale (1 unless fp16).
     model_config.grad_scale_func = optimizer.scale_loss
-    scheduler = OptimizerParamScheduler(
+    return TrainOptimizer(optimizer, lr_scheduler(optimizer, cfg, total_steps), chunks)
+
+
+def lr_scheduler(optimizer, cfg: OptimizerConfig, total_steps: int):
+    """Megatron's OptimizerParamScheduler of `cfg` over `optimizer` (megatron's, or a torch optimizer of
+    an FSDP role): linear warm-up from 0, then constant / cosine / linear to min_lr; constant decay."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay_steps = lr_decay_steps(cfg, total_steps)
+    return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0,
         max_lr=cfg.lr,
@@ -195,7 +203,6 @@ def build_optimizer(
         wd_incr_steps=decay_steps,
         wd_incr_style="constant",
     )
-    return TrainOptimizer(optimizer, scheduler, chunks)
 
 
 def _use_fused_torch_adam(optimizer) -> None:
