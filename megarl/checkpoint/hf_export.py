@@ -226,7 +226,7 @@ def _export_fsdp_checkpoint(ckpt_dir: Path, out_dir: Path, meta: dict, start: fl
     with no_code_unpickling(), _read_errors(ckpt_dir):
         stored = FileSystemReader(str(ckpt_dir / "model")).read_metadata().state_dict_metadata
         state = {k: v for k, v in model.state_dict().items() if k in stored}
-        missing = sorted(set(model.state_dict()) - set(stored) - set(_tied_names(model)))
+        missing = sorted(set(model.state_dict()) - set(stored) - set(tied_names(model)))
         if missing:
             raise CheckpointError(f"{ckpt_dir}/model lacks {', '.join(missing[:5])} of a {name}")
         dcp_load(state, checkpoint_id=str(ckpt_dir / "model"), no_dist=True)
@@ -252,7 +252,7 @@ def _export_fsdp_checkpoint(ckpt_dir: Path, out_dir: Path, meta: dict, start: fl
     }
 
 
-def _tied_names(model: torch.nn.Module) -> list[str]:
+def tied_names(model: torch.nn.Module) -> list[str]:
     """Parameter names that share their tensor with an earlier one (tied embeddings): not stored apart."""
     seen: set[int] = set()
     tied = []

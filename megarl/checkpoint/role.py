@@ -44,6 +44,7 @@ from megarl.checkpoint.role_common import (
     load_rank_state,
     load_schedule,
     rank_bytes,
+    refuse_other_model,
     save_errors,
     save_failure,
     write_schedule,
@@ -81,14 +82,7 @@ def check_fingerprint(
     saved = meta.get("architecture")
     if saved is None:
         return  # a weights-only checkpoint from `convert hf-to-mcore`: the shapes are checked on load
-    ours = fingerprint(arch)
-    differ = [k for k in ours if k in saved and saved[k] != ours[k]]
-    if differ:
-        raise CheckpointError(
-            f"{role_dir} was saved from a model with {', '.join(f'{k} {saved[k]}' for k in differ)}; "
-            f"the config's model ({model}) has {', '.join(f'{k} {ours[k]}' for k in differ)}; "
-            "point trainer.resume at a checkpoint of this model or change model.path"
-        )
+    refuse_other_model(saved, fingerprint(arch), role_dir, model)
 
 
 def _modules(chunks: list[torch.nn.Module]) -> list[torch.nn.Module]:

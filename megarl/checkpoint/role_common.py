@@ -163,7 +163,11 @@ def hf_fingerprint(config) -> dict[str, Any]:
 def check_hf_fingerprint(meta: dict[str, Any], config, role_dir: str | Path, model: str) -> None:
     """CheckpointError naming every differing entry when `role_dir` (an FSDP role's checkpoint) was saved
     from another model than `config`'s (a transformers config or config.json dict)."""
-    saved, ours = meta.get("architecture") or {}, hf_fingerprint(config)
+    refuse_other_model(meta.get("architecture") or {}, hf_fingerprint(config), role_dir, model)
+
+
+def refuse_other_model(saved: dict[str, Any], ours: dict[str, Any], role_dir: str | Path, model: str) -> None:
+    """CheckpointError naming every entry of the fingerprint `ours` that the saved one holds otherwise."""
     differ = [k for k in ours if k in saved and saved[k] != ours[k]]
     if differ:
         raise CheckpointError(

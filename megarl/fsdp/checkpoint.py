@@ -29,6 +29,7 @@ import torch.distributed as dist
 from megarl.checkpoint import manifest as mf
 from megarl.checkpoint import rng_state
 from megarl.checkpoint.format import FORMAT_VERSION, CheckpointError, begin_write, finish_write, read_meta
+from megarl.checkpoint.hf_export import tied_names
 from megarl.checkpoint.paths import META_FILE
 from megarl.checkpoint.role_common import (
     OPTIMIZER_DIR,
@@ -285,7 +286,10 @@ def export_fsdp_hf(model: torch.nn.Module, model_path: str | Path, out_dir: str 
     out_dir = Path(out_dir)
     staging = begin_write(out_dir, overwrite=True)  # collective
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    full = {name: full[name] for name in _saved_names(model, full)}
+    # a tied lm_head is the embedding, which the model's own checkpoint stores once (vLLM refuses an
+    # lm_head tensor a tied model lacks)
+    tied = set(tied_names(model))
+    full = {name: tensor for name, tensor in full.items() if name not in tied}
     failure = None
     if dist.get_rank() == 0:
         try:
@@ -304,14 +308,6 @@ def export_fsdp_hf(model: torch.nn.Module, model_path: str | Path, out_dir: str 
         raise OSError("; ".join(f for f in failures if f))
     finish_write(staging, out_dir)  # collective
     return out_dir
-
-
-def _saved_names(model: torch.nn.Module, state: dict) -> list[str]:
-    """The state dict's names less the second name of a tied parameter (a tied lm_head is the embedding,
-    which the model's own checkpoint stores once: vLLM refuses an lm_head tensor a tied model lacks)."""
-    owners = {id(p): name for name, p in model.named_parameters(remove_duplicate=True)}
-    tied = {name for name, p in model.named_parameters(remove_duplicate=False) if owners[id(p)] != name}
-    return [name for name in state if name not in tied]
 
 
 def _name_the_class(config_file: Path, name: str) -> None:
