@@ -64,6 +64,8 @@ RsLevel = Literal[
 ]
 PfPpoReweight = Literal["pow", "max_min", "max_random"]
 RolloutEngine = Literal["vllm"]
+RolloutPlacement = Literal["colocated", "separate"]  # where the engines run (megarl.trainer.rollout_pool)
+OnStale = Literal["drop", "wait"]  # what async training does with a group past async_training.max_staleness
 RewardBackend = Literal["megatron", "hf", "fsdp"]
 RoleBackend = Literal["megatron", "fsdp"]  # what trains/runs a policy or value model (megarl.fsdp)
 RewardKind = Literal["classifier", "embedding_similarity"]

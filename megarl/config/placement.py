@@ -72,8 +72,10 @@ class Placement:
 
 
 def enabled_roles(cfg: MegarlConfig) -> list[str]:
-    """The roles a run of `cfg` (resolved) starts, in start order."""
-    return ["actor"] + [role for role in ("ref", "critic", "reward") if getattr(cfg, role).enable]
+    """The roles a run of `cfg` (resolved) starts, in start order; "rollout" when the engines have a pool
+    of their own (rollout.placement=separate)."""
+    roles = ["actor"] + [role for role in ("ref", "critic", "reward") if getattr(cfg, role).enable]
+    return roles + (["rollout"] if cfg.rollout.placement == "separate" else [])
 
 
 def placement(cfg: MegarlConfig) -> Placement:
@@ -101,6 +103,8 @@ def check_placement(cfg: MegarlConfig, problems: list[str]) -> Placement | None:
             _check_count(cfg, role, devices, problems)
     if len(problems) > before:
         return None
+    if "rollout" in roles and not _check_rollout_pool(cfg, listed, problems):
+        return None
     sets = _device_sets(cfg, roles, {r: d for r, d in listed.items() if d is not None}, kind)
     if sets is None:
         return None
@@ -108,6 +112,13 @@ def check_placement(cfg: MegarlConfig, problems: list[str]) -> Placement | None:
         _check_torchrun(cfg, sets, kind, problems)
         return None if len(problems) > before else _plan(cfg, roles, sets)
     _check_overlaps(cfg, roles, sets, kind, problems)
+    engines = sets.get("rollout")
+    if isinstance(engines, tuple) and set(engines) & set(sets["actor"]):  # type: ignore[arg-type]
+        problems.append(
+            f"rollout.placement=separate, but the engines' devices {show_devices(engines)} are the actor's "
+            f"({_source(cfg, 'actor', sets['actor'])}); give the engines devices the actor does not use "
+            "(actor.n_devices or actor.devices), or use rollout.placement=colocated"
+        )
     _check_capacity(cfg, sets, problems)
     if len(problems) > before:
         return None
@@ -218,6 +229,40 @@ def _device_sets(
     return sets
 
 
+def _check_rollout_pool(
+    cfg: MegarlConfig, listed: dict[str, tuple[Device, ...] | None], problems: list[str]
+) -> bool:
+    """rollout.placement=separate: the engines need devices the actor does not use (whole cluster by
+    default), under Ray. False (problems appended) when not."""
+    r, before = cfg.rollout, len(problems)
+    if cfg.trainer.launcher != "ray":
+        problems.append(
+            "rollout.placement=separate needs trainer.launcher=ray: under torchrun every role runs in each "
+            "process, so the engines cannot have devices of their own; set trainer.launcher=ray or "
+            "rollout.placement=colocated"
+        )
+    if r.devices is None and r.n_devices is None:
+        problems.append(
+            "rollout.placement=separate needs the engines' devices: set rollout.n_devices (a pool of that many) "
+            "or rollout.devices, and leave them out of the actor's (actor.n_devices or actor.devices)"
+        )
+    elif cfg.actor.devices is None and cfg.actor.n_devices is None:
+        wanted = r.n_devices if r.devices is None else len(r.devices)
+        spare = cfg.cluster_size() - (wanted or 0)
+        fix = f"set actor.n_devices={spare}" if spare > 0 else "add devices (trainer.n_devices_per_node)"
+        problems.append(
+            f"rollout.placement=separate gives the engines {wanted} device(s) of their own, but the actor takes "
+            f"the whole cluster ({cfg.cluster_size()} devices: actor.n_devices and actor.devices unset); {fix}"
+        )
+    elif r.devices is not None and cfg.actor.devices is not None and set(r.devices) & set(cfg.actor.devices):
+        problems.append(
+            f"rollout.placement=separate, but rollout.devices={r.devices} shares devices with actor.devices="
+            f"{cfg.actor.devices}; give the engines devices the actor does not use, or use "
+            "rollout.placement=colocated"
+        )
+    return len(problems) == before
+
+
 def _source(cfg: MegarlConfig, role: str, devices: tuple[Device, ...]) -> str:
     """Where a role's devices come from, for problem lines."""
     section = getattr(cfg, role)
@@ -273,12 +318,13 @@ def _check_capacity(
             continue
         if used + n > cluster:
             free = cluster - used
-            fit = f", lower it to at most {free}" if free else ""
+            fixes = [] if role == "rollout" else [f"set {role}.n_devices=null to share the actor's devices"]
+            fixes += [f"lower it to at most {free}"] if free else []
             problems.append(
                 f"{role}.n_devices={n} gives the {role} a pool of its own, but the pools before it take {used} of the "
                 f"cluster's {cluster} devices (trainer.nnodes·trainer.n_devices_per_node = {t.nnodes}·"
-                f"{t.n_devices_per_node}): two pools would share a device (over-subscription); set "
-                f"{role}.n_devices=null to share the actor's devices{fit}, or add devices"
+                f"{t.n_devices_per_node}): two pools would share a device (over-subscription); "
+                f"{', '.join(fixes)}{', or ' if fixes else ''}add devices"
             )
         used += n
 

@@ -19,11 +19,13 @@ from megarl.config.options import (
     Launcher,
     LoggingBackend,
     LrDecayStyle,
+    OnStale,
     OptimizerName,
     RewardBackend,
     RewardKind,
     RoleBackend,
     RolloutEngine,
+    RolloutPlacement,
 )
 from megarl.config.schema_algorithm import AlgorithmConfig, PreferenceConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout
@@ -324,6 +326,34 @@ class RolloutConfig(SamplingConfig):
     # weight sync by full all-gather of every tensor to every rank instead of the zero-redundancy plan
     # (a baseline for benchmarks and tests)
     naive_reshard: bool = False
+    # where the engines run. colocated: inside the actor's processes, the training shards regrouped into
+    # the engine in place before each generation (the 3D-HybridEngine). separate: a pool of their own
+    # (rollout.n_devices or rollout.devices, disjoint from the actor's; rollout.tp per engine), each
+    # engine rank receiving its TP shard straight from the training ranks that hold it after every
+    # update (megarl.hybrid.pool_sync); needed by async_training. Needs trainer.launcher=ray and
+    # actor.backend=megatron. verl: its one-step-off/fully-async trainers' rollout.nnodes/n_gpus_per_node
+    placement: RolloutPlacement = "colocated"
+    devices: list[str] | None = None  # the separate pool's devices (forms as actor.devices)
+    n_devices: int | None = None  # the separate pool's size when rollout.devices is unset
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """Generation overlapping training (rollout.placement=separate): the engines generate the next
+    batches while the trainer updates. A sample's version is the weights version (updates done) that
+    generated its oldest token; at training time its staleness = the trainer's version - that."""
+
+    # how many model versions a trained sample may lag behind: 0 = synchronous (the same metrics as a
+    # colocated run), 1 = verl's one-step-off-policy, K = up to K batches generated ahead. verl's fully
+    # async trainer bounds a fraction of samples instead (async_training.staleness_threshold)
+    max_staleness: int = 0
+    # a group past max_staleness (possible when partial rollouts carry a sample across syncs): drop it
+    # from the batch, or wait for it to be generated again with the current weights
+    on_stale: OnStale = "wait"
+    # at a weight sync the engines pause their in-flight requests, take the new weights and continue them
+    # (their tokens kept, each with the behaviour log-prob and version that sampled it; the response
+    # budget never overshot) instead of finishing them on the old weights first. verl's key
+    partial_rollout: bool = False
 
 
 def longest_response(rollout: RolloutConfig, max_response_length: int) -> tuple[str, int]:
@@ -410,6 +440,7 @@ class MegarlConfig:
     ref: RefConfig = field(default_factory=RefConfig)
     reward: RewardModelConfig = field(default_factory=RewardModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)

@@ -13,6 +13,7 @@ from typing import Any
 
 from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS
 from megarl.algorithms.loss_traits import SEQUENCE_MEAN_LOSSES
+from megarl.config.async_checks import check_async
 from megarl.config.backend_checks import check_backends
 from megarl.config.data_files import DATA_SUFFIXES, directory_problem
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
@@ -130,6 +131,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_reward_terms(cfg, check_paths, problems)
     _check_torchrun_colocation(cfg, problems)
     check_backends(cfg, problems, check_paths)
+    check_async(cfg, problems)
     if problems:
         raise ConfigError(problems)
 
@@ -208,8 +210,15 @@ def check_optimizer(key: str, o: OptimizerConfig, problems: list[str]) -> None:
 
 def _check_rollout(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str]) -> None:
     r = cfg.rollout
-    if cfg.actor.backend == "megatron":  # an FSDP actor's engine groups: megarl.config.backend_checks
-        problems += GenerationPlan.check(cfg.actor.parallel, r.tp, dims.num_key_value_heads if dims else None)
+    kv_heads = dims.num_key_value_heads if dims else None
+    if r.placement == "separate":  # any training layout feeds any engine TP (megarl.distributed.pool_plan)
+        if r.tp < 1 or (kv_heads and kv_heads % r.tp):
+            problems.append(
+                f"rollout.tp={r.tp} must be ≥ 1 and divide the model's {kv_heads} key/value heads (each engine "
+                "TP rank holds whole heads)"
+            )
+    elif cfg.actor.backend == "megatron":  # an FSDP actor's engine groups: megarl.config.backend_checks
+        problems += GenerationPlan.check(cfg.actor.parallel, r.tp, kv_heads)
     for key, sampling in (("rollout", r), ("rollout.val", r.val)):
         _check_sampling(key, sampling, problems)
     at_least(problems, "rollout.max_num_seqs", r.max_num_seqs, 1, "e.g. 256")

@@ -35,6 +35,11 @@ def fused_old_log_prob_blockers(cfg: MegarlConfig) -> list[str]:
         why.append("algorithm.rollout_correction.rollout_token_veto_threshold is set")
     if a.pf_ppo.enable:
         why.append("algorithm.pf_ppo.enable=true")
+    if cfg.async_training.max_staleness > 0:
+        why.append(
+            f"async_training.max_staleness={cfg.async_training.max_staleness} (the samples come from older "
+            "weights: the proximal policy is recomputed)"
+        )
     traits = ESTIMATOR_TRAITS.get(a.adv_estimator)
     if traits is not None and traits.needs_sum_pi_squared:
         why.append(f"algorithm.adv_estimator={a.adv_estimator} (reads the old log-probs' Σπ²)")
@@ -68,7 +73,10 @@ def rollout_log_prob_readers(cfg: MegarlConfig) -> list[str]:
         "rollout_rs": rc.rollout_rs is not None,
         "rollout_token_veto_threshold": rc.rollout_token_veto_threshold is not None,
     }
-    return [f"algorithm.rollout_correction.{key}" for key, is_on in on.items() if is_on]
+    readers = [f"algorithm.rollout_correction.{key}" for key, is_on in on.items() if is_on]
+    if cfg.async_training.max_staleness > 0:  # the behaviour policy's, beside the recomputed proximal one
+        readers.append(f"async_training.max_staleness={cfg.async_training.max_staleness}")
+    return readers
 
 
 def check_algorithm(cfg: MegarlConfig, problems: list[str]) -> None:
