@@ -66,6 +66,11 @@ class Placement:
         raise KeyError(f"the {role} role is not placed: it is not enabled")
 
     @property
+    def pools_roles(self) -> tuple[str, ...]:
+        """Every placed role."""
+        return tuple(role for pool in self.pools for role in pool.roles)
+
+    @property
     def ref_in_actor_processes(self) -> bool:
         """The reference shares the actor's devices, so it lives in the actor's processes and layout."""
         return "ref" in self.pool_of("actor").roles

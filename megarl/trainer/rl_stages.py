@@ -52,6 +52,7 @@ from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup
 
 if TYPE_CHECKING:
     from megarl.rewards import RewardComputer
+    from megarl.trainer.rollout_pool import RolloutPool
 
 
 # worker metric names -> the names users read in metrics.jsonl (verl's where verl has one)
@@ -96,6 +97,22 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())
     # each prompt's columns carried to its samples (the mask extended over the response): what was
     # derived from the prompts (ReMax's baseline) holds for the samples
+    refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
+    return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True, refines=refines)
+
+
+def pool_generate_stage(pool: RolloutPool, log_probs: bool = False) -> Stage:
+    """rollout.placement=separate: the step's rollouts from the engines' own pool — generated ahead while
+    the actor trained, within async_training.max_staleness versions (megarl.trainer.rollout_pool)."""
+
+    def generate(ctx: StepContext, prompts: Batch) -> Batch:
+        if ctx.validate:  # after step s the weights are version s
+            return pool.generate_now(prompts, validate=True, version=ctx.step)
+        batch, metrics = pool.batch_for_step(ctx.step, prompts)
+        ctx.metrics.update(metrics)
+        return batch
+
+    writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ()) + (Col.ROLLOUT_VERSION,)
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
     return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True, refines=refines)
 
@@ -306,10 +323,12 @@ def build_rl_dataflow(
     reward: RewardComputer,
     more_prompts: Callable[[], Batch] | None = None,
     flow_class: type[Dataflow] = Dataflow,
+    pool: RolloutPool | None = None,
 ) -> tuple[Dataflow, KLController]:
     """The step graph for `cfg` (resolved): returns (graph, KL controller of the in-reward KL).
     `more_prompts()` gives the next prompt batch (DAPO's dynamic sampling asks for it); `flow_class`:
-    the graph's class (the Python API's adds its entry points)."""
+    the graph's class (the Python API's adds its entry points); `pool`: the engines' own pool
+    (rollout.placement=separate), which then generates instead of the actor's colocated engine."""
     algo = cfg.algorithm
     flow = flow_class(inputs=(*PROMPT_COLUMNS, Col.UID, *DATASET_COLUMNS))
 
@@ -321,7 +340,10 @@ def build_rl_dataflow(
     if algo.adv_estimator == "remax":
         stages.append(remax_baseline_stage(roles.actor, lambda: scoring_stages(flow)))
     with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
-    stages.append(generate_stage(roles.actor, with_rollout))
+    if pool is not None:
+        stages.append(pool_generate_stage(pool, with_rollout))
+    else:
+        stages.append(generate_stage(roles.actor, with_rollout))
     if roles.reward_model is not None:
         stages.append(reward_model_stage(roles.reward_model))
     stages.append(reward_stage(reward, roles.reward_model is not None))

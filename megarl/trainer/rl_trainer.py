@@ -22,7 +22,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import torch
 
@@ -40,11 +40,16 @@ from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import RoleGroups
 from megarl.trainer.run_session import RunSession, SessionTrainer
 from megarl.trainer.scoring import scoring_stages
+from megarl.workers.groups import BridgedActorGroup
+
+if TYPE_CHECKING:
+    from megarl.trainer.rollout_pool import RolloutPool
 
 
 class RLTrainer(SessionTrainer):
     flow_class: type[Dataflow] = Dataflow  # the step graph's class (the Python API's adds run(steps=...))
     _stage_states: dict[str, Any] | None = None  # a resumed run's, for stages added before the first step
+    pool: RolloutPool | None = None  # the engines' own pool (rollout.placement=separate)
 
     def __init__(
         self,
@@ -102,8 +107,13 @@ class RLTrainer(SessionTrainer):
             self.roles = session.start()
             self.log, self.profiler, self.checkpoints = session.log, session.profiler, session.checkpoints
             self.is_writer = session.is_writer
+            if self.roles.rollout is not None:  # rollout.placement=separate
+                from megarl.trainer.rollout_pool import RolloutPool
+
+                actor = cast(BridgedActorGroup, self.roles.actor)  # build_roles joined it to the bridge
+                self.pool = RolloutPool(cfg, actor, self.roles.rollout, self.next_prompts)
             self.flow, self.kl_ctrl = build_rl_dataflow(
-                cfg, self.roles, self.reward, self.next_prompts, self.flow_class
+                cfg, self.roles, self.reward, self.next_prompts, self.flow_class, self.pool
             )
             session.resume_groups()
             if resumed is not None:
@@ -205,6 +215,9 @@ class RLTrainer(SessionTrainer):
         metrics = {**ctx.metrics, **batch_statistics(batch)}
         self.bad_steps.update(step, metrics)
         tokens = float(batch["attention_mask"].sum())
+        if "async/wait_seconds" in metrics:  # a separate rollout pool: how busy each pool was this step
+            metrics["async/trainer_busy_share"] = max(0.0, 1.0 - metrics["async/wait_seconds"] / seconds)
+            metrics["async/engine_busy_share"] = min(1.0, metrics["async/engine_generate_seconds"] / seconds)
         metrics.update(
             {
                 "step_seconds": seconds,
@@ -217,9 +230,11 @@ class RLTrainer(SessionTrainer):
 
     def next_prompts(self) -> Batch:
         """The next training prompts, each with a `uid` never used before (its samples' group id)."""
+        before = {"data": self.loader.state_dict(), "next_uid": self._next_uid}
         prompts = self.loader.next_batch()
         prompts["uid"] = torch.arange(self._next_uid, self._next_uid + len(prompts))
         self._next_uid += len(prompts)
+        prompts.meta["data_state"] = before  # a separate rollout pool draws ahead: its checkpoint position
         return prompts
 
     def validate(self, step: int) -> dict[str, float]:
@@ -295,11 +310,14 @@ class RLTrainer(SessionTrainer):
 
     def trainer_state(self) -> dict[str, Any]:
         """What the driver must restore for the next step to be the one an uninterrupted run takes."""
+        # a separate rollout pool drew prompts ahead of training: the position before the oldest of them,
+        # so a resumed run draws (and generates) them again and trains every prompt once
+        ahead = self.pool.data_state() if self.pool is not None else None
         return {
             "job": RL_JOB,
-            "data": self.loader.state_dict(),
+            "data": ahead["data"] if ahead else self.loader.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
-            "next_uid": self._next_uid,
+            "next_uid": ahead["next_uid"] if ahead else self._next_uid,
             "best_val_reward": self.best_val_reward,
             "bad_steps": self.bad_steps.state_dict(),
             "driver_rng": capture_rng(),

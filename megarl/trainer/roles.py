@@ -31,7 +31,15 @@ from megarl.controller.group import (
     make_colocated_groups,
     make_worker_group,
 )
-from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup, RewardModelGroup, RewardTrainerGroup
+from megarl.workers.groups import (
+    ActorGroup,
+    BridgedActorGroup,
+    CriticGroup,
+    RefGroup,
+    RewardModelGroup,
+    RewardTrainerGroup,
+    RolloutGroup,
+)
 
 
 @dataclass
@@ -42,6 +50,7 @@ class RoleGroups:
     ref: RefGroup | None = None
     critic: CriticGroup | None = None
     reward_model: RewardModelGroup | None = None
+    rollout: RolloutGroup | None = None  # the engines' own pool (rollout.placement=separate)
     is_writer: bool = True  # this process writes logs and files (the driver, or rank 0 under torchrun)
     pools: tuple = ()
     # roles whose groups outlive the run: the Python API's controllers own them and stop them at their
@@ -54,6 +63,7 @@ class RoleGroups:
         if self.detached:
             kept = self.detached | ({"ref"} if "actor" in self.detached else set())
             groups = {
+                "rollout": self.rollout,
                 "reward_model": self.reward_model,
                 "critic": self.critic,
                 "ref": self.ref,
@@ -61,7 +71,7 @@ class RoleGroups:
             }
             _shutdown([g for role, g in groups.items() if role not in kept], ())
             return
-        _shutdown([self.reward_model, self.critic, self.ref, self.actor], self.pools)
+        _shutdown([self.rollout, self.reward_model, self.critic, self.ref, self.actor], self.pools)
         self.pools = ()
 
     def stop(self, role: str) -> None:
@@ -158,6 +168,10 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
             group = make_worker_group(backend, pool_for("reward"), cls, "reward", kwargs, **options)
             started.insert(0, group)
             reward_model = as_handle(group, RewardModelGroup)
+        rollout: RolloutGroup | None = None
+        if "rollout" in plan.pools_roles:
+            rollout = _start_rollout_pool(cfg, actor, pool_for("rollout"), options)
+            started.insert(0, rollout)  # type: ignore[arg-type]
     except BaseException:
         _shutdown(started, tuple(pools.values()))
         raise
@@ -166,7 +180,31 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
         import torch.distributed as dist
 
         is_writer = dist.get_rank() == 0
-    return RoleGroups(actor, ref, critic, reward_model, is_writer, tuple(pools.values()))
+    return RoleGroups(actor, ref, critic, reward_model, rollout, is_writer, tuple(pools.values()))
+
+
+def _start_rollout_pool(cfg: MegarlConfig, actor: ActorGroup, pool: Any, options: dict) -> RolloutGroup:
+    """The engines' worker group on their own pool, joined to the actor's ranks by the weight bridge."""
+    from megarl.config.roles import rollout_spec
+    from megarl.workers.rollout_worker import RolloutWorker
+
+    group = as_handle(
+        make_worker_group("ray", pool, RolloutWorker, "rollout", {"spec": rollout_spec(cfg)}, **options),
+        RolloutGroup,
+    )
+    try:
+        actor = as_handle(actor, BridgedActorGroup)  # type: ignore[arg-type]
+        host, port = actor.bridge_address()[0]
+        joined = [
+            actor.join_bridge_async(host, port, group.world_size, cfg.rollout.tp),
+            group.join_bridge_async(host, port, actor.world_size),
+        ]
+        for future in joined:
+            future.result()
+    except BaseException:
+        group.shutdown()
+        raise
+    return group
 
 
 def worker_class(cfg: MegarlConfig, role: str) -> type:
