@@ -256,6 +256,34 @@ RUN_KEYS: tuple[VerlKey, ...] = (
         "algorithm.rollout_correction.loss_type",
         "megarl's bypass-mode loss is algorithm.policy_loss (vanilla = ppo_clip, reinforce)",
     ),
+    # --- verl's one-step-off and fully-async trainers (recipe configs): megarl's async_training
+    maps(
+        "rollout.n_gpus_per_node",
+        "rollout.n_devices",
+        "the engines' own pool (rollout.placement=separate); megarl's counts the whole pool (verl's × rollout.nnodes)",
+    ),
+    ignored("rollout.nnodes", "megarl's rollout.n_devices counts the whole pool"),
+    ignored(
+        "async_training.staleness_threshold",
+        "megarl bounds each sample's lag in model versions (async_training.max_staleness), not a share of samples",
+    ),
+    ignored(
+        "async_training.trigger_parameter_sync_step", "megarl syncs the engines after every training step"
+    ),
+    ignored("async_training.require_batches", "megarl trains one data.train_batch_size batch per step"),
+    ignored(
+        "async_training.use_rollout_log_probs",
+        "with async_training.max_staleness > 0 the engine's log-probs are the behaviour policy (rollout_correction)",
+    ),
+    ignored(
+        "async_training.compute_prox_log_prob",
+        "with async_training.max_staleness > 0 megarl always recomputes the proximal log-probs",
+    ),
+    ignored("async_training.use_trainer_do_validate", "megarl validates with the engines' pool"),
+    ignored(
+        "async_training.checkpoint_engine.*",
+        "megarl sends each engine rank its TP shard from the training ranks (megarl.hybrid.pool_sync)",
+    ),
     # --- trainer
     maps("trainer.n_gpus_per_node", "trainer.n_devices_per_node"),
     maps("trainer.nnodes", "trainer.nnodes"),

@@ -172,7 +172,11 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
         "rollout.reshard_bucket_mib",
         "verl's default 2048, megarl's 256",
     ),
-    ignored(f"{RO}.mode", "megarl's engine runs inside the actor's processes (no sync/async server mode)"),
+    ignored(
+        f"{RO}.mode",
+        "megarl's engines run in-process: inside the actor's processes, or in a pool of their own "
+        "(rollout.placement=separate)",
+    ),
     ignored(f"{RO}.prompt_length", "megarl's is data.max_prompt_length"),
     ignored(f"{RO}.dtype", "megarl's engine runs in model.dtype"),
     ignored(

@@ -183,8 +183,8 @@ def test_keys_without_megarl_meaning_warn_once_each_with_the_reason(capsys):
         "megarl: ignoring verl's actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40: megarl computes "
         "the old log-probs in the actor's micro-batches (actor.micro_batch_size) or fuses them into the update "
         "(algorithm.old_log_prob)",
-        "megarl: ignoring verl's actor_rollout_ref.rollout.mode=sync: megarl's engine runs inside the actor's "
-        "processes (no sync/async server mode)",
+        "megarl: ignoring verl's actor_rollout_ref.rollout.mode=sync: megarl's engines run in-process: inside "
+        "the actor's processes, or in a pool of their own (rollout.placement=separate)",
     ]
 
 
