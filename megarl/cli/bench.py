@@ -14,7 +14,9 @@ TABLE_SUITES = {
     "train": "policy update: Megatron vs transformers eager (--backend fsdp: and FSDP), same batch",
     "rollout": "vLLM in the trainer after a weight sync vs a standalone engine",
     "reward": "the reward stage per row: contained in reward workers vs called in the driver",
+    "async": "colocated vs separate engines at max_staleness 0/1/2 and partial rollouts, long-tail lengths",
 }
+SUITE_MODULES = {"async": "async_training"}  # `async` is a Python keyword
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -35,7 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     bench_reshard.set_defaults(func=bench_reshard_transition)
     for name, text in TABLE_SUITES.items():
         suite_parser = bench.add_parser(name, help=text)
-        importlib.import_module(f"megarl.bench.{name}").add_arguments(suite_parser)
+        importlib.import_module(f"megarl.bench.{SUITE_MODULES.get(name, name)}").add_arguments(suite_parser)
         suite_parser.set_defaults(func=bench_suite)
     bench_checkpoint = bench.add_parser(
         "checkpoint", help="a trained role's checkpoint: save/load time, size"
@@ -67,7 +69,7 @@ def bench_reshard_transition(args: argparse.Namespace) -> int:
 
 
 def bench_suite(args: argparse.Namespace) -> int:
-    suite = importlib.import_module(f"megarl.bench.{args.what}")
+    suite = importlib.import_module(f"megarl.bench.{SUITE_MODULES.get(args.what, args.what)}")
     print(suite.table(suite.run(args)))
     return 0
 
