@@ -146,9 +146,13 @@ def old_log_prob_stage(
         out = actor.log_prob(batch.select(SEQUENCE_COLUMNS))
         if with_rollout:
             mask = batch[Col.RESPONSE_MASK] > 0
-            diff = (out[Col.OLD_LOG_PROBS] - batch[Col.ROLLOUT_LOG_PROBS]).abs()[mask]
+            behaviour_minus_policy = (batch[Col.ROLLOUT_LOG_PROBS] - out[Col.OLD_LOG_PROBS])[mask]
+            diff = behaviour_minus_policy.abs()
             ctx.metrics["train_rollout_logprob_abs_diff"] = diff.mean().item() if diff.numel() else 0.0
             ctx.metrics["train_rollout_logprob_abs_diff_max"] = diff.max().item() if diff.numel() else 0.0
+            # KL(behaviour ‖ policy) estimated on the behaviour's own samples (k1): the engine's precision
+            # alone when on-policy, plus the versions' drift when the samples are stale (async_training)
+            ctx.metrics["mismatch_kl"] = behaviour_minus_policy.mean().item() if diff.numel() else 0.0
         ctx.metrics["actor/entropy"] = masked_mean(out[Col.ENTROPY], batch[Col.RESPONSE_MASK]).item()
         return out
 

@@ -6,7 +6,8 @@ weights, what they generate next, and which batch each training step takes (asyn
     batch = pool.batch_for_step(step, prompts)   # the generate stage of every step
     rollouts = pool.generate_now(prompts, validate=True)   # validation: the newest weights, waited for
 
-Versions: the weights after v training steps are version v; the engines hold one version at a time
+Versions: the weights after v training steps are version v (0: model.path's, which the engines start
+from); the engines hold one version at a time
 and stamp each row with the version of its oldest token (`rollout_version`). At step s the trainer's
 weights are version s-1, so a row's staleness is (s-1) - rollout_version; `async_training.max_staleness`
 = K bounds it. The pool keeps K+1 prompt batches drawn (the one this step trains and K ahead), in data
@@ -94,7 +95,7 @@ class RolloutPool:
         self.max_staleness, self.on_stale, self.partial = a.max_staleness, a.on_stale, a.partial_rollout
         self.actor, self.rollout = actor, rollout
         self._draw_prompts = draw  # the trainer's next prompts, meta["data_state"] = the position before
-        self.engine_version = -1  # the engines start from model.path: synced before their first batch
+        self.engine_version = 0  # the engines start from model.path: the weights before any step
         self.trainer_version = 0
         self.queue: deque[_Draw] = deque()
         self._times = _StepTimes()
@@ -158,9 +159,7 @@ class RolloutPool:
         for entry in self.queue:
             if entry.future is not None:
                 continue
-            # the engines' start-up weights (model.path, version -1) are never generated with: a resumed
-            # run's actor holds others
-            needed = max(0, entry.step - 1 - self.max_staleness)
+            needed = entry.step - 1 - self.max_staleness
             if self.engine_version < needed:
                 if needed > self.trainer_version:
                     return  # the weights it needs do not exist yet

@@ -29,7 +29,7 @@ class _Engines:
     """Generates one row per prompt stamped with the version it holds; takes weights when sent."""
 
     def __init__(self) -> None:
-        self.version = -1
+        self.version = 0  # model.path's weights
         self.log: list[tuple[str, int]] = []
 
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:
@@ -90,8 +90,7 @@ def test_k0_is_the_synchronous_order_sync_then_generate_each_step():
     pool, engines, _ = _pool(0)
     for step in range(1, 4):
         pool.batch_for_step(step, pool._draw_prompts())
-    assert engines.log == [
-        ("receive", 0),
+    assert engines.log == [  # the engines start with model.path's weights: version 0
         ("generate", 0),
         ("receive", 1),
         ("generate", 1),
@@ -130,3 +129,14 @@ def test_groups_past_the_bound_are_dropped_or_generated_again(on_stale):
     else:  # group 8 again, now with version 3
         assert out[Col.UID].tolist() == [7, 7, 8]
         assert out[Col.ROLLOUT_VERSION].tolist() == [3, 3, 3]
+
+
+def test_a_second_call_within_a_step_generates_at_once_and_keeps_the_queue():
+    """DAPO's dynamic sampling asks the generate stage for more prompts within the same step."""
+    pool, engines, _ = _pool(1)
+    pool.batch_for_step(1, pool._draw_prompts())
+    queued = [e.step for e in pool.queue]
+    extra = pool._draw_prompts()
+    more, metrics = pool.batch_for_step(1, extra)
+    assert metrics == {} and more[Col.UID].tolist() == extra[Col.UID].tolist()
+    assert [e.step for e in pool.queue] == queued  # the draw-ahead queue is untouched
