@@ -32,7 +32,15 @@ def _launch(request, torchrun, attribute: str, order: tuple[str, ...], nproc: in
     assert not unknown, f"tests/multiproc/conftest.py: add {unknown} to the ORDER of {attribute}"
     parts.sort(key=lambda part: order.index(part[0]))
     spec = [[name, target, [str(a) for a in argv_of(request)]] for name, target, argv_of in parts]
-    return torchrun("tests.multiproc.shared_launch", [json.dumps(spec)], nproc=nproc, timeout=1500).results[0]
+    results = torchrun(
+        "tests.multiproc.shared_launch", [json.dumps(spec)], nproc=nproc, timeout=1500
+    ).results[0]
+    # what each part costs (pytest -s shows it): where to look when the launch grows
+    print(
+        f"\nshared {nproc}-rank launch:",
+        ", ".join(f"{name} {part['seconds']} s" for name, part in results.items()),
+    )
+    return results
 
 
 @pytest.fixture(scope="session")
