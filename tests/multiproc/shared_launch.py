@@ -17,10 +17,23 @@ import traceback
 from megarl.distributed.rank_program import find_rank_function
 
 
+def forget_dtensor_shardings() -> None:
+    """Empty DTensor's sharding caches (torch's C++ one and its Python one). A device mesh equals any
+    other of the same ranks and shape whatever its process group, so a part's DTensor ops would reuse the
+    shardings cached by an earlier part — holding that part's mesh, whose group may be destroyed since
+    (ParallelLayout.destroy): "Could not resolve the process group registered under the name …"."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+
+
 def main(argv: list[str]) -> dict:
     (parts,) = argv
     results: dict = {}
     for name, target, args in json.loads(parts):
+        forget_dtensor_shardings()
         start = time.monotonic()
         try:
             results[name] = {"result": find_rank_function(target)(args)}
