@@ -1,7 +1,7 @@
 """The actor's role checkpoint (weights, optimizer, LR schedule, RNG, counters) through the worker: the
 save side, in the 4-rank launch shared with other modules (tests/multiproc/conftest.py), saves at TP2×PP2
-and checks the same-layout resume and the bad-checkpoint errors; a 2-rank launch loads the same
-checkpoints at TP1×PP2 and TP1×PP1 (DP2)."""
+and checks the same-layout resume and the bad-checkpoint errors; the load side, in the shared 2-rank launch,
+loads the same checkpoints at TP1×PP2 and TP1×PP1 (DP2)."""
 
 import pytest
 
@@ -16,15 +16,22 @@ SHARED_PART = (
 )
 
 
+def _load_argv(request) -> list:
+    request.getfixturevalue("shared_launch")  # the save side first: the load side reads its checkpoints
+    return request.getfixturevalue("checkpoint_spec")
+
+
+SHARED_PART_2 = ("checkpoint_load", "tests.multiproc.checkpoint_checks:load_side", _load_argv)
+
+
 @pytest.fixture(scope="module")
 def saved(shared_launch):
     return {r["check"]: r for r in shared_result(shared_launch, "checkpoint")}
 
 
 @pytest.fixture(scope="module")
-def resharded(torchrun, checkpoint_spec, saved):
-    results = torchrun("tests.multiproc.checkpoint_checks:load_side", checkpoint_spec, nproc=2, timeout=300)
-    return {r["check"]: r for r in results.results}
+def resharded(shared_launch_2):
+    return {r["check"]: r for r in shared_result(shared_launch_2, "checkpoint_load")}
 
 
 ROLE_FILES = {

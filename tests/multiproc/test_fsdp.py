@@ -1,6 +1,6 @@
 """The FSDP roles (megarl.fsdp) against the Megatron roles and transformers (fp32, CPU): the same step-1
 log-probs, loss and gradient norm, the same update, at DP2 and DP1 (tests/multiproc/fsdp_checks.py in the
-shared 2-rank launch, and in a 1-rank launch of its own)."""
+shared 2-rank launch, and in the shared 1-rank launch)."""
 
 import pytest
 import torch
@@ -18,12 +18,12 @@ def _argv(request) -> list:
 
 
 SHARED_PART_2 = ("fsdp", "tests.multiproc.fsdp_checks", _argv)
+SHARED_PART_1 = ("fsdp", "tests.multiproc.fsdp_checks", _argv)
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(request, shared_launch_2, torchrun) -> dict[int, dict]:
-    dp1 = torchrun("tests.multiproc.fsdp_checks", _argv(request), nproc=1, timeout=600).results[0]
-    return {2: shared_result(shared_launch_2, "fsdp"), 1: dp1}
+def fsdp_runs(shared_launch_2, shared_launch_1) -> dict[int, dict]:
+    return {2: shared_result(shared_launch_2, "fsdp"), 1: shared_result(shared_launch_1, "fsdp")}
 
 
 def rel(a: float, b: float) -> float:

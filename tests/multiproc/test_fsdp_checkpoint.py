@@ -1,29 +1,36 @@
 """An FSDP2 role's checkpoint (megarl.fsdp.checkpoint): saved at world 2, resumed bit-exactly at world 2 and
-within 1e-5 at world 1, exported in transformers' own layout, and refused whole when damaged — one
-2-rank launch and one 1-rank launch (fsdp_checkpoint_checks)."""
+within 1e-5 at world 1, exported in transformers' own layout, and refused whole when damaged —
+fsdp_checkpoint_checks in the shared 2-rank launch (world2) and then in the shared 1-rank launch (world1,
+loading what world2 saved; tests/multiproc/conftest.py)."""
 
 import pytest
+
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
 
+def _world1_argv(request) -> list:
+    request.getfixturevalue("shared_launch_2")  # world2 first: world1 loads its checkpoint
+    return [*request.getfixturevalue("fsdp_checkpoint_work"), "world1"]
+
+
+SHARED_PART_2 = (
+    "fsdp_checkpoint",
+    "tests.multiproc.fsdp_checkpoint_checks",
+    lambda request: [*request.getfixturevalue("fsdp_checkpoint_work"), "world2"],
+)
+SHARED_PART_1 = ("fsdp_checkpoint", "tests.multiproc.fsdp_checkpoint_checks", _world1_argv)
+
+
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    from megarl.models.tiny import build_tiny_hf
-
-    root = tmp_path_factory.mktemp("fsdp_ckpt")
-    hf = build_tiny_hf(root / "llama", family="llama", num_hidden_layers=2, initializer_range=0.1)
-    return [hf, root]
+def world2(shared_launch_2):
+    return shared_result(shared_launch_2, "fsdp_checkpoint")
 
 
 @pytest.fixture(scope="module")
-def world2(torchrun, work):
-    return torchrun("tests.multiproc.fsdp_checkpoint_checks", [*work, "world2"], nproc=2).results[0]
-
-
-@pytest.fixture(scope="module")
-def world1(torchrun, work, world2):
-    return torchrun("tests.multiproc.fsdp_checkpoint_checks", [*work, "world1"], nproc=1).results[0]
+def world1(shared_launch_1):
+    return shared_result(shared_launch_1, "fsdp_checkpoint")
 
 
 def test_resume_at_the_saved_world_size_is_bit_exact(world2):

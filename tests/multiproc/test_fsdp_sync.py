@@ -4,7 +4,8 @@ the plan's floor, the naive all-gather (w−1)/w of the model; and a real vLLM e
 The region/bytes checks run in the shared 4-rank launch (tests/multiproc/conftest.py) as part
 "fsdp_sync" (tests/multiproc/fsdp_sync_checks.py): tiny Qwen2 (tied embeddings, q/k/v biases) and Llama
 (untied), vocab 1001 chunked unevenly over 4 FSDP ranks, at rollout.tp 1, 2 and 4 (4 > 2 key/value
-heads: each is replicated on 2 engine ranks). The engine check is its own 2-rank launch.
+heads: each is replicated on 2 engine ranks). The engine check is part "fsdp_sync_engine" of the shared
+2-rank launch.
 """
 
 import pytest
@@ -62,10 +63,16 @@ def test_floor_shrinks_with_rollout_tp(sync):
     assert sync["qwen2"]["tied"] and not sync["llama"]["tied"]
 
 
+SHARED_PART_2 = (
+    "fsdp_sync_engine",
+    "tests.multiproc.fsdp_sync_checks:engine",
+    lambda request: [request.getfixturevalue("tiny_models")["qwen2"]],
+)
+
+
 @pytest.fixture(scope="module")
-def engine(torchrun, tiny_models) -> dict:
-    args = [tiny_models["qwen2"]]
-    return torchrun("tests.multiproc.fsdp_sync_checks:engine", args, nproc=2, timeout=600).results[0]
+def engine(shared_launch_2) -> dict:
+    return shared_result(shared_launch_2, "fsdp_sync_engine")
 
 
 def test_engine_fed_by_the_sync_generates_as_transformers(engine):

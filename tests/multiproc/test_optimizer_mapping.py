@@ -1,17 +1,24 @@
 """OptimizerConfig.name and torch optimizers mapped onto megatron's optimizer, numerically: a torch AdamW
 instance gives the same step-1 update as the equivalent dict, and megatron's "adamw", "adam" (L2) and
-"sgd" give the updates torch.optim's AdamW, Adam and SGD give; SGD resumes from a checkpoint — one
-single-rank launch."""
+"sgd" give the updates torch.optim's AdamW, Adam and SGD give; SGD resumes from a checkpoint — a part of
+the 1-rank launch shared with other modules (tests/multiproc/conftest.py)."""
 
 import pytest
 
+from tests.multiproc.conftest import shared_result
+
 pytestmark = pytest.mark.multiproc
+
+SHARED_PART_1 = (
+    "optimizer_mapping",
+    "tests.multiproc.optimizer_mapping_checks",
+    lambda request: [request.getfixturevalue("tmp_path_factory").mktemp("optimizer_mapping")],
+)
 
 
 @pytest.fixture(scope="module")
-def result(torchrun, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("optimizer_mapping")
-    return torchrun("tests.multiproc.optimizer_mapping_checks", [directory], nproc=1).results[0]
+def result(shared_launch_1):
+    return shared_result(shared_launch_1, "optimizer_mapping")
 
 
 @pytest.mark.parametrize("dist_opt", ["False", "True"])

@@ -1,24 +1,34 @@
 """The architectures only the FSDP backend trains (Phi-3, Gemma 2) run in megarl's vLLM engine as in
 transformers: greedy tokens equal, log-probs within fp32 noise, before and after a weight push by Hugging
-Face names. One single-rank launch builds both models and starts one engine after the other; it also
-holds megarl.fsdp.checks' reading of vLLM's registry against the imported registry."""
+Face names. One part of the shared 1-rank launch (tests/multiproc/conftest.py) builds both models and
+starts one engine after the other; it also holds megarl.fsdp.checks' reading of vLLM's registry against the
+imported registry."""
 
 from __future__ import annotations
 
 import pytest
 
 from megarl.models.tiny import HF_ONLY_FAMILIES
+from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
 LOG_PROB_TOL = 1e-4  # measured ≤ 5e-6 (fp32, different op order); see tests/multiproc/test_vllm_rollout.py
 
 
+SHARED_PART_1 = (
+    "tiny_archs",
+    "tests.multiproc.tiny_arch_checks",
+    lambda request: [
+        request.getfixturevalue("tmp_path_factory").mktemp("hf_only_families"),
+        *sorted(HF_ONLY_FAMILIES),
+    ],
+)
+
+
 @pytest.fixture(scope="module")
-def checks(torchrun, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("hf_only_families")
-    args = [root, *sorted(HF_ONLY_FAMILIES)]
-    return torchrun("tests.multiproc.tiny_arch_checks", args, nproc=1, timeout=400).results[0]
+def checks(shared_launch_1) -> dict:
+    return shared_result(shared_launch_1, "tiny_archs")
 
 
 @pytest.mark.parametrize("family", sorted(HF_ONLY_FAMILIES))

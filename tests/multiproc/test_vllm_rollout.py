@@ -1,8 +1,8 @@
 """VLLMRollout (in-process vLLM, external-launcher mode) against transformers fp32 on a tiny Qwen2.
 
-Two launches run every check (tests/multiproc/vllm_rollout_checks.py): `single`, a torchrun of one rank
-with tp_g=1, and `tp`, four ranks with Megatron TP=2 and strided generation TP groups [0, 2], [1, 3], in
-the 4-rank launch shared with other modules (tests/multiproc/conftest.py).
+Two launches run every check (tests/multiproc/vllm_rollout_checks.py): `single`, one rank with tp_g=1, in
+the 1-rank launch shared with other modules, and `tp`, four ranks with Megatron TP=2 and strided
+generation TP groups [0, 2], [1, 3], in the shared 4-rank launch (tests/multiproc/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,21 @@ def _tp_argv(request) -> list:
     return [request.getfixturevalue("tiny_models")["qwen2"], request.getfixturevalue("perturbed_qwen2"), "tp"]
 
 
+def _single_argv(request) -> list:
+    return [
+        request.getfixturevalue("tiny_models")["qwen2"],
+        request.getfixturevalue("perturbed_qwen2"),
+        "single",
+    ]
+
+
 SHARED_PART = ("vllm_tp", "tests.multiproc.vllm_rollout_checks", _tp_argv)
+SHARED_PART_1 = ("vllm_single", "tests.multiproc.vllm_rollout_checks", _single_argv)
 
 
 @pytest.fixture(scope="module")
-def single(torchrun, tiny_models, perturbed_qwen2):
-    args = [tiny_models["qwen2"], perturbed_qwen2, "single"]
-    return torchrun("tests.multiproc.vllm_rollout_checks", args, nproc=1, timeout=300).results[0]
+def single(shared_launch_1):
+    return shared_result(shared_launch_1, "vllm_single")
 
 
 @pytest.fixture(scope="module")
