@@ -96,6 +96,22 @@ class ControllerTrainer(RLTrainer):
     def _check_roles(self, roles: Roles) -> None:
         """The roles this algorithm needs or refuses."""
 
+    def remap(self, role: str, target: Any) -> dict[str, Any]:
+        """`RLTrainer.remap`, and the role's controller records where its group now runs (a later trainer
+        given this controller finds the group at the new layout): its `devices` become the new map."""
+        from megarl.controller.device_map import DeviceMap
+
+        report = super().remap(role, target)
+        controller = {"actor": self.controllers.actor, "critic": self.controllers.critic}[role]
+        section = getattr(self.cfg, role)
+        if controller is not None and section.devices is not None:
+            fsdp = self.cfg.backend_of(role) == "fsdp"  # FSDP shards over its devices: no layout keys
+            layout = {} if fsdp else vars(section.parallel)
+            controller.devices = DeviceMap("fsdp" if fsdp else "megatron", section.devices, **layout)
+        elif controller is not None:
+            controller.settings["parallel"] = dict(vars(section.parallel))
+        return report
+
     # ---- rewards -------------------------------------------------------------------------------------
 
     def set_reward_controller(self, reward: RewardController) -> None:

@@ -426,6 +426,20 @@ class RayWorkerGroup(WorkerGroup):
     def alive(self) -> bool:
         return self._actors.error is None
 
+    @property
+    def pool(self) -> ResourcePool:
+        """The pool the group's processes run on."""
+        return self._actors.pool
+
+    def adopt(self, other: RayWorkerGroup) -> None:
+        """Become `other` (a group of the same role started elsewhere, or at another layout): this object,
+        held by whatever called it before, now reaches `other`'s processes. This group's own processes
+        must already be shut down (a remap: megarl.trainer.remap)."""
+        if other.role != self.role:
+            raise ValueError(f"the {self.role} group cannot adopt the {other.role} group")
+        vars(self).clear()
+        vars(self).update(vars(other))
+
     def shutdown(self) -> None:
         """Tear down the workers and end their processes (for colocated views: every role's)."""
         self._actors.shutdown()

@@ -298,6 +298,24 @@ class RLTrainer(SessionTrainer):
             )
         return records
 
+    def remap(self, role: str, target: Any) -> dict[str, Any]:
+        """Move `role` ("actor", with its colocated reference and rollout engine, or "critic") to
+        `target` — a DeviceMap (devices and layout) or a ParallelConfig / dict of its fields (another
+        layout on the same devices) — between steps, without restarting the driver: its full training
+        state goes through a temporary role checkpoint (in /dev/shm when it fits) into a new worker group,
+        and the config records the new layout (the next checkpoint's config.yaml). A target that cannot
+        work raises ConfigError (or RemapError) before anything stops. Ray only. Returns {role, from,
+        to, seconds, bytes, where ("memory" | "disk"), path, rng}; see megarl.trainer.remap."""
+        from megarl.config.errors import ConfigError
+        from megarl.trainer.remap import RemapError, refused, remap_role
+
+        try:
+            return remap_role(self, role, target)
+        except (ConfigError, RemapError) as e:
+            if not str(e).startswith(f"remap({role!r}) failed after"):
+                self.log.warn(refused(e, role))
+            raise
+
     # ---- checkpoints ---------------------------------------------------------------------------------
 
     def save_checkpoint(self, step: int) -> dict[str, float]:

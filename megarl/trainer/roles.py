@@ -207,6 +207,29 @@ def _start_rollout_pool(cfg: MegarlConfig, actor: ActorGroup, pool: Any, options
     return group
 
 
+def start_role_groups(
+    cfg: MegarlConfig, role: str, total_steps: int, pool: Any = None, with_ref: bool = False
+) -> tuple[dict[str, WorkerGroup], Any]:
+    """One trained role's group(s) again (a remap, megarl.trainer.remap): "actor" (with the reference in
+    its processes when `with_ref`) or "critic", under Ray, on `pool` or, when None, on a new pool of the
+    role's devices in `cfg`. Returns ({role: group}, the pool)."""
+    plan = placement(cfg)
+    own = None
+    if pool is None:
+        planned = plan.pool_of(role)
+        own = pool = _ray_pool(planned, name=f"megarl-{planned.name}-{os.getpid()}-{id(cfg):x}")
+    roles = {role: (worker_class(cfg, role), {"spec": role_spec(cfg, role, total_steps)})}
+    if with_ref:
+        roles["ref"] = (worker_class(cfg, "ref"), {"spec": role_spec(cfg, "ref")})
+    try:
+        groups = make_colocated_groups("ray", pool, roles, **group_options(cfg))
+    except BaseException:
+        if own is not None:
+            own.remove()
+        raise
+    return dict(groups), pool
+
+
 def worker_class(cfg: MegarlConfig, role: str) -> type:
     """The worker class of `role` ("actor", "ref" or "critic") on its backend (`<role>.backend`)."""
     if cfg.backend_of(role) == "fsdp":
