@@ -129,7 +129,9 @@ class PoolSyncPlan:
         padded = length
         if kind is ParamKind.VOCAB:
             if train_padded is None or train_padded < length:
-                raise ValueError(f"a vocab tensor of {length} rows needs its padded row count (got {train_padded})")
+                raise ValueError(
+                    f"a vocab tensor of {length} rows needs its padded row count (got {train_padded})"
+                )
             padded = train_padded
         return _interval(tp_rank, self.train_layout.tp, padded, length)
 
