@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -312,7 +313,7 @@ class PoolReceiver:
     def _slices(self, p: HFParam) -> list[Slice]:
         return self.plan.slices(self.engine_rank, p.kind, p.length, p.owners, p.train_padded)
 
-    def _post(self, tag: int) -> list[tuple[int, torch.Tensor, object]]:
+    def _post(self, tag: int) -> list[tuple[int, torch.Tensor, Any]]:
         sizes: dict[int, int] = {}
         for i in self.table.buckets[tag]:
             p = self.table.params[i]

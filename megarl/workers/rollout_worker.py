@@ -16,6 +16,7 @@ come shard to shard from the actor's training ranks (megarl.hybrid.pool_sync), n
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from megarl.distributed.backend import collective_timeout
 from megarl.errors import MegarlError
 from megarl.protocol import Batch, Col
 
+if TYPE_CHECKING:
+    from megarl.hybrid.pool_sync import PoolReceiver
+
 
 class RolloutWorker(Worker):
     role = "rollout"
@@ -33,9 +37,7 @@ class RolloutWorker(Worker):
     def __init__(self, spec: RoleSpec | RolloutSpec) -> None:
         rollout = spec if isinstance(spec, RolloutSpec) else spec.rollout
         if rollout is None:
-            raise MegarlError(
-                f"the rollout pool needs the actor's rollout spec; the {spec.role!r} spec has none"
-            )
+            raise MegarlError("the rollout pool needs the actor's rollout spec (role_spec(cfg, 'actor'))")
         super().__init__()
         self.rollout_spec = rollout
         self.tp = rollout.rollout.tp
@@ -49,7 +51,7 @@ class RolloutWorker(Worker):
 
         self.engine = VLLMRollout(rollout)
         self.version = 0  # model.path's weights
-        self.receiver = None  # megarl.hybrid.pool_sync.PoolReceiver, once join_bridge ran
+        self.receiver: PoolReceiver | None = None  # once join_bridge ran
 
     def rank_info(self) -> RankInfo:
         replica, tp_rank = divmod(self.env.rank, self.tp)
@@ -88,13 +90,14 @@ class RolloutWorker(Worker):
         bridge = PoolBridge(
             host, port, n_train + self.env.rank, n_train + world, collective_timeout().total_seconds()
         )
-        self.receiver = PoolReceiver(bridge, self.env.rank, world, self.tp)
-        self.receiver.version = self.version
+        receiver = PoolReceiver(bridge, self.env.rank, world, self.tp)
+        receiver.version = self.version
+        self.receiver = receiver
         return {
             "engine_rank": self.env.rank,
-            "floor_bytes": self.receiver.floor_bytes(),
-            "tensors": len(self.receiver.table.params),
-            "buckets": len(self.receiver.table.buckets),
+            "floor_bytes": receiver.floor_bytes(),
+            "tensors": len(receiver.table.params),
+            "buckets": len(receiver.table.buckets),
         }
 
     @register(Dispatch.ONE_TO_ALL)

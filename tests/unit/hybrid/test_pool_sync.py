@@ -128,3 +128,22 @@ def test_each_engine_rank_gets_exactly_its_shard_at_the_floor(tiny, tp, pp, dp, 
     if ParamKind.VOCAB in {ParamKind.of(p.kind) for p in table.params}:
         senders = [r for r in range(layout.world_size) if results[("train", r)][0].sent_bytes]
         assert len(senders) == layout.world_size  # every training rank sends a share
+
+
+def test_an_fsdp_actor_is_refused_naming_both_keys(tiny_models):
+    from types import SimpleNamespace
+
+    from megarl.config.roles import role_spec
+    from megarl.config.schema import MegarlConfig
+    from megarl.hybrid.pool_sync import PoolSyncError
+
+    cfg = MegarlConfig()
+    cfg.model.path, cfg.actor.backend = str(tiny_models["qwen2"]), "fsdp"
+    worker = SimpleNamespace(spec=role_spec(cfg, "actor"))  # refused before anything else is read
+    with pytest.raises(PoolSyncError) as e:
+        PoolSender.join(worker, "127.0.0.1", 0, engine_ranks=2, engine_tp=1)
+    assert str(e.value) == (
+        "rollout.placement=separate needs actor.backend=megatron (got actor.backend=fsdp): the "
+        "shard-to-shard weight sync reads Megatron's TP shards; set actor.backend=megatron or "
+        "rollout.placement=colocated"
+    )
