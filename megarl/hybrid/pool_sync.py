@@ -15,13 +15,18 @@ one message holding the planned slices in table order, so the receiver knows eve
 posts its sends and moves on to the next bucket, waiting for the sends of bucket k-2 only (at most two
 buckets of send buffers in flight); the receiver posts bucket k+1's receives before handing bucket k to
 the engine. The transport is the PoolBridge's group (gloo on CPU).
+
+A parameter that no training rank holding it changed in place since the last sync over this bridge
+(torch's per-tensor version counter) is left out by both sides: each training rank publishes its list
+of unchanged parameters in the store, and everyone skips those all holders list. The floor of that sync
+is then the bytes of the changed parameters' engine shards.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +43,7 @@ from megarl.models.convert import llama
 from megarl.models.from_hf import ModelArchitecture
 
 _TABLE_KEY = "pool_sync_table"
+_UNCHANGED_KEY = "pool_sync_unchanged/{version}/{rank}"
 _IN_FLIGHT = 2  # buckets of sends a training rank keeps posted before waiting for the oldest
 
 
@@ -50,12 +56,17 @@ class HFParam:
     """One HF tensor of the model as both pools see it."""
 
     name: str
-    module: str  # the megatron module it belongs to: buckets close only between modules
+    source: str  # the megatron parameter it is (part of)
     kind: str
     shape: tuple[int, ...]  # full HF shape
     dtype: str
     owners: tuple[int, ...]  # PP stages holding it
     train_padded: int | None  # VOCAB: megatron's padded vocabulary rows
+
+    @property
+    def module(self) -> str:
+        """The megatron module it belongs to: buckets close only between modules."""
+        return module_of(self.source)
 
     @property
     def length(self) -> int:
@@ -98,6 +109,7 @@ class PoolSyncStats:
     buckets: int = 0
     largest_bucket_bytes: int = 0
     skipped: bool = False  # already at this version: nothing moved
+    unchanged_tensors: int = 0  # HF tensors left out: their parameter is unchanged since the last sync
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -131,7 +143,7 @@ def build_table(entries, arch: ModelArchitecture, layout: ParallelLayout, bucket
             params.append(
                 HFParam(
                     name,
-                    module_of(entry.name),
+                    entry.name,
                     str(param.kind),
                     tuple(shape),
                     str(entry.dtype),
@@ -152,6 +164,21 @@ def build_table(entries, arch: ModelArchitecture, layout: ParallelLayout, bucket
     if bucket:
         buckets.append(bucket)
     return PoolTable(params, buckets, layout.world_size, layout.tp, layout.pp)
+
+
+def unchanged_sources(bridge: PoolBridge, version: int, layout: ParallelLayout, table: PoolTable) -> set[str]:
+    """The megatron parameters left out of the sync of `version`: unchanged (in place) since the last
+    sync on every training rank that holds them. Every training rank publishes its own list; both pools
+    read them all, so senders and receivers agree on what travels."""
+    held: dict[str, int] = {}  # how many ranks hold each parameter
+    for p in table.params:
+        if p.source not in held:
+            held[p.source] = sum(layout.coordinates(r).pp in p.owners for r in range(layout.world_size))
+    votes: dict[str, int] = {}
+    for rank in range(layout.world_size):
+        for name in bridge.read(_UNCHANGED_KEY.format(version=version, rank=rank)):
+            votes[name] = votes.get(name, 0) + 1
+    return {name for name, n in votes.items() if n == held.get(name)}
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -185,6 +212,7 @@ class PoolSender:
         if rank == 0:
             bridge.publish(_TABLE_KEY, table)
         self.version: int | None = None  # the last version sent over this bridge
+        self._sent_at: dict[str, int] = {}  # megatron name -> the parameter's in-place version when sent
 
     @classmethod
     def join(
@@ -222,6 +250,11 @@ class PoolSender:
         start = time.perf_counter()
         if self.rank == 0:
             self.bridge.set_pending_version(version)
+        versions = {name: p._version for name, p in self.local.items()}
+        mine = sorted(n for n, v in versions.items() if self._sent_at.get(n) == v)
+        self.bridge.publish(_UNCHANGED_KEY.format(version=version, rank=self.rank), mine)
+        skip = unchanged_sources(self.bridge, version, self.layout, self.table)
+        stats.unchanged_tensors = sum(p.source in skip for p in self.table.params)
         by_module = self._local_by_hf_name()
         n_train = self.layout.world_size
         in_flight: list[list] = []
@@ -230,8 +263,8 @@ class PoolSender:
             messages: dict[int, list[torch.Tensor]] = {}
             for i in bucket:
                 p = self.table.params[i]
-                if p.name not in by_module:
-                    continue  # another stage's parameter
+                if p.name not in by_module or p.source in skip:
+                    continue  # another stage's parameter, or unchanged since the last sync
                 local, first = by_module[p.name]
                 for s in self._my_slices(p):
                     messages.setdefault(s.engine_rank, []).append(_as_bytes(_narrow(p, local, first, s)))
@@ -244,7 +277,7 @@ class PoolSender:
                 size += buf.numel()
                 stats.tensors += len(parts)
             stats.sent_bytes += size
-            stats.buckets += 1
+            stats.buckets += bool(messages)
             stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
             in_flight.append(works)
             if len(in_flight) > _IN_FLIGHT:
@@ -259,6 +292,7 @@ class PoolSender:
         stats.add_seconds("send_wait", t0)
         stats.seconds["total"] = time.perf_counter() - start
         self.version = version
+        self._sent_at = versions
         return stats
 
     def _local_by_hf_name(self) -> dict[str, tuple[torch.Tensor, int]]:
@@ -303,20 +337,24 @@ class PoolReceiver:
         self.plan = PoolSyncPlan(self.table.layout(), engine_ranks, engine_tp)
         self.version = 0  # the weights of model.path
 
-    def floor_bytes(self) -> int:
-        """The bytes of this engine rank's shard of every tensor: what each sync must receive."""
+    def floor_bytes(self, skip: Collection[str] = ()) -> int:
+        """The bytes of this engine rank's shard of every tensor (less those of the parameters in
+        `skip`): what a sync must receive."""
         return sum(
             self.plan.floor_bytes(self.engine_rank, p.kind, p.shape, p.torch_dtype.itemsize)
             for p in self.table.params
+            if p.source not in skip
         )
 
     def _slices(self, p: HFParam) -> list[Slice]:
         return self.plan.slices(self.engine_rank, p.kind, p.length, p.owners, p.train_padded)
 
-    def _post(self, tag: int) -> list[tuple[int, torch.Tensor, Any]]:
+    def _post(self, tag: int, skip: Collection[str]) -> list[tuple[int, torch.Tensor, Any]]:
         sizes: dict[int, int] = {}
         for i in self.table.buckets[tag]:
             p = self.table.params[i]
+            if p.source in skip:
+                continue
             row = p.nbytes // p.length
             for s in self._slices(p):
                 sizes[s.train_rank] = sizes.get(s.train_rank, 0) + s.length * row
@@ -333,24 +371,29 @@ class PoolReceiver:
             stats.skipped = True
             return
         start = time.perf_counter()
-        stats.floor_bytes += self.floor_bytes()
+        skip = unchanged_sources(self.bridge, version, self.plan.train_layout, self.table)
+        stats.unchanged_tensors = sum(p.source in skip for p in self.table.params)
+        stats.floor_bytes += self.floor_bytes(skip)
         n = len(self.table.buckets)
-        pending = self._post(0)
+        pending = self._post(0, skip)
         for tag in range(n):
             t0 = time.perf_counter()
-            current, pending = pending, (self._post(tag + 1) if tag + 1 < n else [])
+            current, pending = pending, (self._post(tag + 1, skip) if tag + 1 < n else [])
             for _, buf, work in current:
                 work.wait()
                 stats.received_bytes += buf.numel()
             stats.add_seconds("recv_wait", t0)
-            t0 = time.perf_counter()
-            yield self._unpack(tag, current, stats)
-            stats.add_seconds("engine_load", t0)
+            bucket = self._unpack(tag, current, stats, skip)
+            if bucket:
+                t0 = time.perf_counter()
+                yield bucket
+                stats.add_seconds("engine_load", t0)
         self.version = version
         stats.seconds["total"] = time.perf_counter() - start
 
-    def _unpack(self, tag: int, received, stats: PoolSyncStats) -> HFBucket:
+    def _unpack(self, tag: int, received, stats: PoolSyncStats, skip: Collection[str]) -> HFBucket:
         params = [self.table.params[i] for i in self.table.buckets[tag]]
+        params = [p for p in params if p.source not in skip]
         full = {p.name: torch.empty(p.shape, dtype=p.torch_dtype) for p in params}
         offsets = {src: 0 for src, _, _ in received}
         bufs = {src: buf for src, buf, _ in received}
@@ -364,9 +407,10 @@ class PoolReceiver:
                 region.copy_(bufs[s.train_rank][off : off + n].view(p.torch_dtype).reshape(region.shape))
                 offsets[s.train_rank] = off + n
                 size += n
-        stats.buckets += 1
-        stats.tensors += len(params)
-        stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
+        if params:
+            stats.buckets += 1
+            stats.tensors += len(params)
+            stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
         return [(p.name, full[p.name]) for p in params]
 
     def close(self) -> None:

@@ -103,11 +103,12 @@ def test_separate_pool_takes_the_actors_weights_shard_to_shard(ray_cluster, tiny
                     assert after["rollout_version"].tolist() == [version] * len(after)
                     for got, plan in zip(received, joined):
                         assert got["received_bytes"] == got["floor_bytes"] == plan["floor_bytes"] > 0, got
+                        assert got["unchanged_tensors"] == 0  # the update moved every parameter
                     assert sum(s["sent_bytes"] for s in sent) == sum(r["received_bytes"] for r in received)
                     assert all(s["sent_bytes"] > 0 for s in sent)  # both TP ranks send: no broadcaster
                     report[f"tp{engine_tp}_v{version}"] = {
                         "wall_s": wall,
-                        "engine_s": [r["seconds"]["total"] for r in received],
+                        "engine_s": [r["seconds"] for r in received],
                         "bytes": [r["received_bytes"] for r in received],
                         "buckets": received[0]["buckets"],
                     }
@@ -115,6 +116,14 @@ def test_separate_pool_takes_the_actors_weights_shard_to_shard(ray_cluster, tiny
                 sending = actor.send_weights_async(version)
                 assert all(r["skipped"] for r in engines.receive_weights(version))
                 assert all(s["skipped"] for s in sending.result())
+                # a new version without an update in between: every parameter is unchanged, none travels
+                version += 1
+                sending = actor.send_weights_async(version)
+                received = engines.receive_weights(version)
+                assert all(s["sent_bytes"] == 0 for s in sending.result())
+                assert all(
+                    r["received_bytes"] == r["floor_bytes"] == 0 < r["unchanged_tensors"] for r in received
+                )
                 assert engines.weights_version() == [version, version]
             finally:
                 engines.shutdown()

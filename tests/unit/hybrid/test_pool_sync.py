@@ -53,11 +53,14 @@ def _training_ranks(arch, reader, layout: ParallelLayout):
         for rank in range(layout.world_size):
             c = layout.coordinates(rank)
             if c.pp in owners:
-                locals_[rank][name] = shards[c.tp]
+                locals_[rank][name] = shards[c.tp].clone()  # its own copy, as a rank's memory is
     return locals_, entries
 
 
-def _sync(arch, reader, layout: ParallelLayout, engine_ranks: int, engine_tp: int, versions=(1,)):
+def _sync(
+    arch, reader, layout: ParallelLayout, engine_ranks: int, engine_tp: int, versions=(1,), before=None
+):
+    """Sync `versions` in turn; `before(version, local)` changes a training rank's shards first."""
     locals_, entries = _training_ranks(arch, reader, layout)
     table = build_table(entries, arch, layout, bucket_bytes=96 << 10)  # several buckets
     port, n_train = free_port(), layout.world_size
@@ -68,7 +71,12 @@ def _sync(arch, reader, layout: ParallelLayout, engine_ranks: int, engine_tp: in
     def train(rank: int) -> None:
         bridge = PoolBridge("127.0.0.1", port, rank, world, timeout_s=60)
         sender = PoolSender(locals_[rank], table, arch, layout, rank, bridge, engine_ranks, engine_tp)
-        results[("train", rank)] = [sender.send(v) for v in versions]
+        out = []
+        for v in versions:
+            if before is not None:
+                before(v, locals_[rank])
+            out.append(sender.send(v))
+        results[("train", rank)] = out
 
     def engine(rank: int) -> None:
         bridge = PoolBridge("127.0.0.1", port, n_train + rank, world, timeout_s=60)
@@ -147,3 +155,30 @@ def test_an_fsdp_actor_is_refused_naming_both_keys(tiny_models):
         "shard-to-shard weight sync reads Megatron's TP shards; set actor.backend=megatron or "
         "rollout.placement=colocated"
     )
+
+
+def test_parameters_unchanged_since_the_last_sync_are_left_out_by_both_pools(tiny):
+    arch, reader = tiny
+    layout = ParallelLayout(world_size=2, tp=2)
+    changed = "decoder.layers.1.mlp.linear_fc2.weight"
+
+    def before(version, local):
+        if version == 2:  # an optimizer step that moved one parameter only
+            local[changed].add_(1.0)
+
+    table, results = _sync(arch, reader, layout, 2, 1, versions=(1, 2, 3), before=before)
+    for rank in range(2):
+        (full, _), (second, tensors), (third, nothing) = results[("engine", rank)][0]
+        receiver = results[("engine", rank)][1]
+        assert full.received_bytes == full.floor_bytes == receiver.floor_bytes()
+        assert set(tensors) == {"model.layers.1.mlp.down_proj.weight"}
+        assert second.unchanged_tensors == len(table.params) - 1
+        down = reader.get("model.layers.1.mlp.down_proj.weight")
+        assert second.received_bytes == second.floor_bytes == down.numel() * 4  # all of it: TP1 engines
+        assert torch.equal(
+            tensors["model.layers.1.mlp.down_proj.weight"],
+            reader.get("model.layers.1.mlp.down_proj.weight") + 1,
+        )
+        assert third.received_bytes == third.floor_bytes == 0 and not nothing and not third.skipped
+        assert receiver.version == 3
+    assert [s.sent_bytes for s in results[("train", 0)]][2] == 0
