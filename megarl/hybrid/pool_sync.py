@@ -16,10 +16,11 @@ posts its sends and moves on to the next bucket, waiting for the sends of bucket
 buckets of send buffers in flight); the receiver posts bucket k+1's receives before handing bucket k to
 the engine. The transport is the PoolBridge's group (gloo on CPU).
 
-A parameter that no training rank holding it changed in place since the last sync over this bridge
-(torch's per-tensor version counter) is left out by both sides: each training rank publishes its list
-of unchanged parameters in the store, and everyone skips those all holders list. The floor of that sync
-is then the bytes of the changed parameters' engine shards.
+A parameter that every training rank holding it finds bit-equal to what it sent at the last sync over
+this bridge is left out by both sides: each training rank keeps a host copy of its shards as last sent
+(so the sync costs one more copy of this rank's shards in host memory), publishes its list of unchanged
+parameters in the store, and everyone skips those all holders list. The floor of that sync is then the
+bytes of the changed parameters' engine shards.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ class PoolSender:
         if rank == 0:
             bridge.publish(_TABLE_KEY, table)
         self.version: int | None = None  # the last version sent over this bridge
-        self._sent_at: dict[str, int] = {}  # megatron name -> the parameter's in-place version when sent
+        self._last_sent: dict[str, torch.Tensor] = {}  # megatron name -> a host copy of what was sent
 
     @classmethod
     def join(
@@ -250,8 +251,7 @@ class PoolSender:
         start = time.perf_counter()
         if self.rank == 0:
             self.bridge.set_pending_version(version)
-        versions = {name: p._version for name, p in self.local.items()}
-        mine = sorted(n for n, v in versions.items() if self._sent_at.get(n) == v)
+        mine = sorted(n for n, p in self.local.items() if self._unchanged(n, p))
         self.bridge.publish(_UNCHANGED_KEY.format(version=version, rank=self.rank), mine)
         skip = unchanged_sources(self.bridge, version, self.layout, self.table)
         stats.unchanged_tensors = sum(p.source in skip for p in self.table.params)
@@ -292,8 +292,16 @@ class PoolSender:
         stats.add_seconds("send_wait", t0)
         stats.seconds["total"] = time.perf_counter() - start
         self.version = version
-        self._sent_at = versions
+        t0 = time.perf_counter()
+        self._last_sent = {n: p.detach().to("cpu", copy=True) for n, p in self.local.items()}
+        stats.add_seconds("keep_copy", t0)
         return stats
+
+    def _unchanged(self, name: str, param: torch.Tensor) -> bool:
+        """Whether `param` equals what the last sync sent, bit for bit. (torch's in-place version
+        counter does not see megatron's optimizer writing through `.data`, so it cannot tell.)"""
+        last = self._last_sent.get(name)
+        return last is not None and torch.equal(param.detach().to("cpu"), last)
 
     def _local_by_hf_name(self) -> dict[str, tuple[torch.Tensor, int]]:
         """Every HF piece this rank holds: name -> (local part in HF coordinates, the row it starts at)."""
