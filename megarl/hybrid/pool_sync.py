@@ -168,8 +168,8 @@ def build_table(entries, arch: ModelArchitecture, layout: ParallelLayout, bucket
 
 
 def unchanged_sources(bridge: PoolBridge, version: int, layout: ParallelLayout, table: PoolTable) -> set[str]:
-    """The megatron parameters left out of the sync of `version`: unchanged (in place) since the last
-    sync on every training rank that holds them. Every training rank publishes its own list; both pools
+    """The megatron parameters left out of the sync of `version`: unchanged since the last sync on
+    every training rank that holds them. Every training rank publishes its own list; both pools
     read them all, so senders and receivers agree on what travels."""
     held: dict[str, int] = {}  # how many ranks hold each parameter
     for p in table.params:
@@ -201,14 +201,8 @@ class PoolSender:
         engine_ranks: int,
         engine_tp: int,
     ) -> None:
-        self.local, self.table, self.arch, self.layout, self.rank, self.bridge = (
-            local,
-            table,
-            arch,
-            layout,
-            rank,
-            bridge,
-        )
+        self.local, self.table, self.arch = local, table, arch
+        self.layout, self.rank, self.bridge = layout, rank, bridge
         self.plan = PoolSyncPlan(layout, engine_ranks, engine_tp, arch.num_kv_heads)
         if rank == 0:
             bridge.publish(_TABLE_KEY, table)
@@ -255,7 +249,7 @@ class PoolSender:
         self.bridge.publish(_UNCHANGED_KEY.format(version=version, rank=self.rank), mine)
         skip = unchanged_sources(self.bridge, version, self.layout, self.table)
         stats.unchanged_tensors = sum(p.source in skip for p in self.table.params)
-        by_module = self._local_by_hf_name()
+        pieces = self._local_by_hf_name()
         n_train = self.layout.world_size
         in_flight: list[list] = []
         for tag, bucket in enumerate(self.table.buckets):
@@ -263,9 +257,9 @@ class PoolSender:
             messages: dict[int, list[torch.Tensor]] = {}
             for i in bucket:
                 p = self.table.params[i]
-                if p.name not in by_module or p.source in skip:
+                if p.name not in pieces or p.source in skip:
                     continue  # another stage's parameter, or unchanged since the last sync
-                local, first = by_module[p.name]
+                local, first = pieces[p.name]
                 for s in self._my_slices(p):
                     messages.setdefault(s.engine_rank, []).append(_as_bytes(_narrow(p, local, first, s)))
             stats.add_seconds("convert", t0)
