@@ -92,6 +92,12 @@ class PoolSyncPlan:
                 f"rollout.tp={engine_tp} does not divide num_key_value_heads={num_kv_heads}; each engine "
                 "TP rank must hold whole key/value heads"
             )
+        if num_kv_heads is not None and num_kv_heads % train_layout.tp:
+            problems.append(
+                f"actor.parallel.tp={train_layout.tp} does not divide num_key_value_heads={num_kv_heads}: the "
+                "pool weight sync sends each training rank's whole query groups; use an actor.parallel.tp "
+                "that divides it"
+            )
         if train_layout.cp > 1:
             problems.append(
                 f"actor.parallel.cp={train_layout.cp}: the pool weight sync does not support context "

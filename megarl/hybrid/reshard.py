@@ -250,11 +250,12 @@ def _hf_regions(
     dim = shard_dim(param.kind)
     if dim is None:
         raise AssertionError(f"unhandled parameter kind {param.kind}")
-    local = [hf_pieces(param, hf_names, piece, arch) for piece in pieces]
-    return [
-        (name, _place(torch.cat([p[i][1] for p in local], dim=dim), region, parts, dim))
-        for i, name in enumerate(hf_names)
-    ]
+    if param.kind is ParamKind.GATE_UP:  # each piece is [gate_i; up_i]
+        local = [hf_pieces(param, hf_names, piece, arch) for piece in pieces]
+        joined = [(name, torch.cat([p[i][1] for p in local], dim=dim)) for i, name in enumerate(hf_names)]
+    else:  # QKV: whole query groups only once joined (a training TP shard may hold part of one)
+        joined = hf_pieces(param, hf_names, torch.cat(pieces, dim=dim), arch)
+    return [(name, _place(t, region, parts, dim)) for name, t in joined]
 
 
 def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tensor:

@@ -100,3 +100,5 @@ def test_layouts_the_pool_cannot_take_are_refused_naming_the_keys():
         PoolSyncPlan(layout, engine_ranks=3, engine_tp=2)
     with pytest.raises(LayoutError, match=r"rollout.tp=4 does not divide num_key_value_heads=2"):
         PoolSyncPlan(layout, engine_ranks=4, engine_tp=4, num_kv_heads=2)
+    with pytest.raises(LayoutError, match=r"actor.parallel.tp=4 does not divide num_key_value_heads=2"):
+        PoolSyncPlan(ParallelLayout(world_size=4, tp=4), engine_ranks=2, engine_tp=2, num_kv_heads=2)
