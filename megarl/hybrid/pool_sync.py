@@ -226,6 +226,7 @@ class PoolSender:
                 "shard-to-shard weight sync reads Megatron's TP shards; set actor.backend=megatron or "
                 "rollout.placement=colocated"
             )
+        PoolSyncPlan(worker.layout, engine_ranks, engine_tp, worker.arch.num_kv_heads)  # its checks first
         world, rank = worker.layout.world_size, worker.env.rank
         # the table first: a collective over the training world, before anyone waits on the bridge
         local = local_params(worker.chunks)
