@@ -95,9 +95,9 @@ class Col:
     RESPONSE_MASK = "response_mask"
     ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [n, R] fp32: the engine's log-prob of each sampled token
     FINISH_REASON = "finish_reason"  # [n] str, non-tensor: "stop" or "length"
-    # a separate rollout pool (megarl.trainer.rollout_pool): the weights version (training steps done)
-    # that generated the row's oldest token
-    ROLLOUT_VERSION = "rollout_version"  # [n] long
+    # [n] long: the weights version (training steps done) that generated the response's oldest token (a
+    # separate rollout pool: megarl.workers.rollout_worker; the colocated engine runs the current weights)
+    ROLLOUT_VERSION = "rollout_version"
 
     # The workers; per-token values are 0 where response_mask is 0.
     OLD_LOG_PROBS = "old_log_probs"  # [n, R] fp32: the actor's log-probs before the update (log_prob)

@@ -333,6 +333,9 @@ class RolloutConfig(SamplingConfig):
     # update (megarl.hybrid.pool_sync); needed by async_training. Needs trainer.launcher=ray and
     # actor.backend=megatron. verl: its one-step-off/fully-async trainers' rollout.nnodes/n_gpus_per_node
     placement: RolloutPlacement = "colocated"
+    # separate pools: leave out of each sync the tensors unchanged since the last one (frozen layers),
+    # found by comparing with a host copy of what was sent (one copy of each training rank's shards)
+    sync_skip_unchanged: bool = False
     devices: list[str] | None = None  # the separate pool's devices (forms as actor.devices)
     n_devices: int | None = None  # the separate pool's size when rollout.devices is unset
 

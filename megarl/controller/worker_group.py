@@ -417,6 +417,11 @@ class RayWorkerGroup(WorkerGroup):
             actors.kill("method name clashes")
             raise WorkerError(str(e), role) from None
 
+    def free_port_on_rank0(self) -> tuple[str, int]:
+        """(rank 0's node IP, a port free there now): where a store that rank 0 serves can listen,
+        e.g. the weight bridge to a separate rollout pool (`join_bridge`)."""
+        return _master_address(self._actors.pool.placements()[0])
+
     @property
     def processes(self) -> list[dict[str, Any]]:
         """rank, host, node_ip and pid of every rank's actor process."""

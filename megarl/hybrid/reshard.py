@@ -33,6 +33,7 @@ from megarl.distributed.backend import collective_timeout
 from megarl.distributed.generation_plan import GenerationPlan
 from megarl.distributed.param_kind import ParamKind
 from megarl.distributed.platform import platform
+from megarl.distributed.pool_plan import shard_dim
 from megarl.models.convert import llama
 from megarl.models.convert.loader import global_named_parameters
 from megarl.models.from_hf import ModelArchitecture
@@ -63,11 +64,45 @@ class ReshardStats:
 
 
 @dataclass(frozen=True)
-class _Entry:
+class ParamEntry:
     name: str  # megatron name, global layer index
     owners: tuple[int, ...]  # PP stages holding it
     shape: tuple[int, ...]  # training TP shard shape
     dtype: torch.dtype
+
+
+def local_params(chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """This rank's megatron parameters by global name (a tied output layer under its embedding's name)."""
+    local = {}
+    for chunk in chunks:
+        for name, param in global_named_parameters(chunk):
+            if getattr(param, "shared", False) and name == "output_layer.weight":
+                name = "embedding.word_embeddings.weight"  # the last stage's tied copy
+            local.setdefault(name, param)
+    return local
+
+
+def global_table(local: dict[str, torch.Tensor], arch: ModelArchitecture, pp_stage: int) -> list[ParamEntry]:
+    """Every parameter of the model in HF order, with the PP stages holding it and its TP shard's shape
+    and dtype (collective over the training world: each rank tells what its stage holds)."""
+    mine = {n: (tuple(p.shape), str(p.dtype)) for n, p in local.items()}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (pp_stage, mine))
+    owners: dict[str, set[int]] = {}
+    shapes: dict[str, tuple] = {}
+    for stage, params in everyone:
+        for name, (shape, dtype) in params.items():
+            owners.setdefault(name, set()).add(stage)
+            shapes[name] = (shape, dtype)
+    entries = []
+    for name in llama.megatron_names(arch):
+        if name not in owners:
+            raise KeyError(f"no rank holds {name}; the model and the name table disagree")
+        shape, dtype = shapes[name]
+        entries.append(
+            ParamEntry(name, tuple(sorted(owners[name])), shape, getattr(torch, dtype.split(".")[-1]))
+        )
+    return entries
 
 
 class Resharder:
@@ -86,8 +121,8 @@ class Resharder:
         self.arch, self.plan, self.bucket_bytes, self.naive = arch, plan, bucket_bytes, naive
         self.rank = dist.get_rank()
         self.coords = plan.layout.coordinates(self.rank)
-        self.local = self._local_params(chunks)
-        self.entries = self._global_table()
+        self.local = local_params(chunks)
+        self.entries = global_table(self.local, self.arch, self.coords.pp)
         self.pp_group = ps.get_pipeline_model_parallel_group()
         self.pp_ranks = plan.layout.pp_group_ranks(self.rank)  # indexed by stage
         self.tp_group = ps.get_tensor_model_parallel_group()
@@ -96,38 +131,6 @@ class Resharder:
             group = dist.new_group(ranks, timeout=collective_timeout()) if len(ranks) > 1 else None
             if self.rank in ranks:
                 self.gather_group = group
-
-    # ---- tables -------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _local_params(chunks) -> dict[str, torch.Tensor]:
-        local = {}
-        for chunk in chunks:
-            for name, param in global_named_parameters(chunk):
-                if getattr(param, "shared", False) and name == "output_layer.weight":
-                    name = "embedding.word_embeddings.weight"  # the last stage's tied copy
-                local.setdefault(name, param)
-        return local
-
-    def _global_table(self) -> list[_Entry]:
-        mine = {n: (tuple(p.shape), str(p.dtype)) for n, p in self.local.items()}
-        everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, (self.coords.pp, mine))
-        owners: dict[str, set[int]] = {}
-        shapes: dict[str, tuple] = {}
-        for stage, params in everyone:
-            for name, (shape, dtype) in params.items():
-                owners.setdefault(name, set()).add(stage)
-                shapes[name] = (shape, dtype)
-        entries = []
-        for name in llama.megatron_names(self.arch):
-            if name not in owners:
-                raise KeyError(f"no rank holds {name}; the model and the name table disagree")
-            shape, dtype = shapes[name]
-            entries.append(
-                _Entry(name, tuple(sorted(owners[name])), shape, getattr(torch, dtype.split(".")[-1]))
-            )
-        return entries
 
     # ---- the transition -----------------------------------------------------------------------------
 
@@ -139,10 +142,10 @@ class Resharder:
         for entry in self.entries:
             # A bucket closes only between modules: the engine processes a layer (weight and bias, or
             # q/k/v) once, when all of it has arrived.
-            if size >= self.bucket_bytes and _module(entry.name) != module:
+            if size >= self.bucket_bytes and module_of(entry.name) != module:
                 yield self._flush(bucket, size, stats)
                 bucket, size = [], 0
-            module = _module(entry.name)
+            module = module_of(entry.name)
             shard = self._on_this_stage(entry, stats)
             tensors = self._to_hf(entry, shard, stats)
             bucket.extend(tensors)
@@ -157,7 +160,7 @@ class Resharder:
         stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
         return bucket
 
-    def _on_this_stage(self, entry: _Entry, stats: ReshardStats) -> torch.Tensor:
+    def _on_this_stage(self, entry: ParamEntry, stats: ReshardStats) -> torch.Tensor:
         """This rank's training TP shard of `entry`, broadcast from its owning stage if needed."""
         start = time.perf_counter()
         kind = llama.param_map(entry.name, self.arch)[0].kind
@@ -177,7 +180,7 @@ class Resharder:
         stats.seconds["pp_broadcast"] += time.perf_counter() - start
         return shard
 
-    def _to_hf(self, entry: _Entry, shard: torch.Tensor, stats: ReshardStats) -> HFBucket:
+    def _to_hf(self, entry: ParamEntry, shard: torch.Tensor, stats: ReshardStats) -> HFBucket:
         start = time.perf_counter()
         param, hf_names = llama.param_map(entry.name, self.arch)
         if not param.kind.tp_sharded:
@@ -209,6 +212,24 @@ class Resharder:
         return pieces
 
 
+def hf_pieces(
+    param: llama.ParamMap, hf_names: list[str], shard: torch.Tensor, arch: ModelArchitecture
+) -> HFBucket:
+    """One megatron TP shard (or several concatenated) as its HF tensors' local parts, in HF coordinates:
+    q, k and v of a fused QKV shard, gate and up of an fc1 shard, the shard itself otherwise (a VOCAB
+    shard with its padding rows)."""
+    if param.kind is ParamKind.GATE_UP:
+        gate, up = shard.chunk(2, dim=0)
+        return [(hf_names[0], gate), (hf_names[1], up)]
+    if param.kind is ParamKind.QKV:
+        d, per_group = arch.head_dim, arch.num_heads // arch.num_kv_heads
+        rest = shard.shape[1:]
+        groups = shard.shape[0] // ((per_group + 2) * d)
+        q, k, v = shard.reshape(groups, (per_group + 2) * d, *rest).split([per_group * d, d, d], dim=1)
+        return [(name, t.reshape(-1, *rest)) for name, t in zip(hf_names, (q, k, v))]
+    return [(hf_names[0], shard)]
+
+
 def _hf_regions(
     param: llama.ParamMap,
     hf_names: list[str],
@@ -219,8 +240,6 @@ def _hf_regions(
 ) -> HFBucket:
     """Full-shaped HF tensors holding, at region `region` of `parts`, the data of the concatenated TP
     `pieces` (megatron layout); elsewhere they are left unwritten."""
-    if param.kind is ParamKind.ROW:
-        return [(hf_names[0], _place(torch.cat(pieces, dim=1), region, parts, dim=1))]
     if param.kind is ParamKind.VOCAB:
         rows = torch.cat(pieces, dim=0)
         full = rows.new_empty(arch.vocab_size, *rows.shape[1:])
@@ -228,22 +247,15 @@ def _hf_regions(
         valid = max(0, min(rows.shape[0], arch.vocab_size - first))
         full[first : first + valid] = rows[:valid]
         return [(hf_names[0], full)]
-    if param.kind is ParamKind.COLUMN:
-        return [(hf_names[0], _place(torch.cat(pieces, dim=0), region, parts, dim=0))]
-    if param.kind is ParamKind.GATE_UP:
-        halves = [p.chunk(2, dim=0) for p in pieces]
-        gate, up = torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
-        return [(hf_names[0], _place(gate, region, parts, 0)), (hf_names[1], _place(up, region, parts, 0))]
-    if param.kind is ParamKind.QKV:
-        groups, d = arch.num_kv_heads // parts, arch.head_dim
-        per_group = arch.num_heads // arch.num_kv_heads
-        grouped = torch.cat(pieces, dim=0)
-        rest = grouped.shape[1:]
-        q, k, v = grouped.reshape(groups, (per_group + 2) * d, *rest).split([per_group * d, d, d], dim=1)
-        return [
-            (name, _place(t.reshape(-1, *rest), region, parts, 0)) for name, t in zip(hf_names, (q, k, v))
-        ]
-    raise AssertionError(f"unhandled parameter kind {param.kind}")
+    dim = shard_dim(param.kind)
+    if dim is None:
+        raise AssertionError(f"unhandled parameter kind {param.kind}")
+    if param.kind is ParamKind.GATE_UP:  # each piece is [gate_i; up_i]
+        local = [hf_pieces(param, hf_names, piece, arch) for piece in pieces]
+        joined = [(name, torch.cat([p[i][1] for p in local], dim=dim)) for i, name in enumerate(hf_names)]
+    else:  # QKV: whole query groups only once joined (a training TP shard may hold part of one)
+        joined = hf_pieces(param, hf_names, torch.cat(pieces, dim=dim), arch)
+    return [(name, _place(t, region, parts, dim)) for name, t in joined]
 
 
 def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tensor:
@@ -255,5 +267,5 @@ def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tens
     return full
 
 
-def _module(name: str) -> str:
+def module_of(name: str) -> str:
     return name.rsplit(".", 1)[0]

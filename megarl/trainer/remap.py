@@ -219,6 +219,10 @@ def _restart_role(trainer: RLTrainer, role: str, new_cfg: MegarlConfig, same_dev
         roles.pools = (*roles.pools, new_pool)
     for handle in old:
         handle.adopt(new_groups[handle.role])
+    if role == "actor" and roles.rollout is not None:  # the engines' own pool: the bridge to the new ranks
+        from megarl.trainer.roles import join_bridge
+
+        join_bridge(new_cfg, roles.actor, roles.rollout)
 
 
 def _colocated(actor: Any, ref: Any) -> bool:

@@ -22,7 +22,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -40,7 +40,6 @@ from megarl.trainer.rl_stages import build_rl_dataflow
 from megarl.trainer.roles import RoleGroups
 from megarl.trainer.run_session import RunSession, SessionTrainer
 from megarl.trainer.scoring import scoring_stages
-from megarl.workers.groups import BridgedActorGroup
 
 if TYPE_CHECKING:
     from megarl.trainer.rollout_pool import RolloutPool
@@ -110,8 +109,7 @@ class RLTrainer(SessionTrainer):
             if self.roles.rollout is not None:  # rollout.placement=separate
                 from megarl.trainer.rollout_pool import RolloutPool
 
-                actor = cast(BridgedActorGroup, self.roles.actor)  # build_roles joined it to the bridge
-                self.pool = RolloutPool(cfg, actor, self.roles.rollout, self.next_prompts)
+                self.pool = RolloutPool(cfg, self.roles.actor, self.roles.rollout, self.next_prompts)
             self.flow, self.kl_ctrl = build_rl_dataflow(
                 cfg, self.roles, self.reward, self.next_prompts, self.flow_class, self.pool
             )

@@ -33,7 +33,6 @@ from megarl.controller.group import (
 )
 from megarl.workers.groups import (
     ActorGroup,
-    BridgedActorGroup,
     CriticGroup,
     RefGroup,
     RewardModelGroup,
@@ -193,18 +192,23 @@ def _start_rollout_pool(cfg: MegarlConfig, actor: ActorGroup, pool: Any, options
         RolloutGroup,
     )
     try:
-        actor = as_handle(actor, BridgedActorGroup)  # type: ignore[arg-type]
-        host, port = actor.bridge_address()[0]
-        joined = [
-            actor.join_bridge_async(host, port, group.world_size, cfg.rollout.tp),
-            group.join_bridge_async(host, port, actor.world_size),
-        ]
-        for future in joined:
-            future.result()
+        join_bridge(cfg, actor, group)
     except BaseException:
         group.shutdown()
         raise
     return group
+
+
+def join_bridge(cfg: MegarlConfig, actor: ActorGroup, rollout: RolloutGroup) -> None:
+    """Connect the actor's ranks and the engines' by the weight bridge (megarl.hybrid.pool_bridge), its
+    store served by the actor's rank 0: at start, and again after the actor is remapped."""
+    host, port = actor.free_port_on_rank0()  # type: ignore[attr-defined]  # a RayWorkerGroup's
+    joined = [
+        actor.join_bridge_async(host, port, rollout.world_size, cfg.rollout.tp),
+        rollout.join_bridge_async(host, port, actor.world_size),
+    ]
+    for future in joined:
+        future.result()
 
 
 def start_role_groups(

@@ -37,7 +37,7 @@ import torch
 from megarl.config.schema import MegarlConfig
 from megarl.controller.group import GroupFuture
 from megarl.protocol import Batch, Col
-from megarl.workers.groups import BridgedActorGroup, RolloutGroup
+from megarl.workers.groups import ActorGroup, RolloutGroup
 
 
 @dataclass
@@ -87,7 +87,7 @@ class RolloutPool:
     def __init__(
         self,
         cfg: MegarlConfig,
-        actor: BridgedActorGroup,
+        actor: ActorGroup,
         rollout: RolloutGroup,
         draw: Callable[[], Batch],
     ) -> None:

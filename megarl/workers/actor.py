@@ -11,6 +11,9 @@ is megarl.workers.fsdp_roles.FSDPActorWorker, the same logic in `ActorRole`).
                          -> metrics dict: one optimizer step on weight × a preference loss (DPO, IPO,
                             KTO, ORPO, SimPO; megarl.workers.preference_loss)
     export_hf(out_dir)   -> the Hugging Face checkpoint written from the live weights (any layout)
+    join_bridge(host, port, n_engine_ranks, engine_tp), send_weights(version)
+                         -> the weight sync to a separate rollout pool (megarl.workers.rollout_worker):
+                            each rank sends its own shards' planned slices (megarl.hybrid.pool_sync)
 
 Built from `role_spec(cfg, "actor")`: its layout, batching, offload, optimizer, loss settings
 (`spec.algorithm`), mini-batch size and rollout engine.
@@ -41,6 +44,7 @@ from megarl.workers.train_loop import GlobalCounts, train_minibatches
 
 if TYPE_CHECKING:
     from megarl.hybrid.engine import HybridEngine
+    from megarl.hybrid.pool_sync import PoolSender
 
 
 class ActorRole(ModelWorker):
@@ -55,6 +59,7 @@ class ActorRole(ModelWorker):
         self.hybrid: HybridEngine | None = None  # the rollout engine, started by the first generate()
         self._generator: torch.Generator | None = None  # clip_cov's token pick
         self._sampling_step = 0  # the rollout's sampling counter from a checkpoint, for a later engine
+        self.pool_sender: PoolSender | None = None  # the weight sync to a separate rollout pool
 
     @register(Dispatch.DP_COMPUTE)
     def log_prob(self, batch: Batch) -> Batch:
@@ -84,10 +89,38 @@ class ActorRole(ModelWorker):
             self.hybrid.rollout.sampling_step = self._sampling_step
         return self.hybrid.generate(prompts, validate)
 
+    @register(Dispatch.ONE_TO_ALL)
+    def join_bridge(self, host: str, port: int, n_engine_ranks: int, engine_tp: int) -> dict:
+        """Join the weight bridge to a separate rollout pool of `n_engine_ranks` ranks in TP groups of
+        `engine_tp` (collective with the pool's join_bridge; the store is served by this group's rank 0
+        at host:port). Megatron actors only."""
+        from megarl.hybrid.pool_sync import PoolSender
+
+        if self.pool_sender is not None:
+            self.pool_sender.close()
+            self.pool_sender = None
+        self.pool_sender = PoolSender.join(self, host, port, n_engine_ranks, engine_tp)
+        table = self.pool_sender.table
+        return {"rank": self.env.rank, "tensors": len(table.params), "buckets": len(table.buckets)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def send_weights(self, version: int) -> dict:
+        """Send the current weights to the rollout pool as `version` (collective with the pool's
+        receive_weights(version)); returns this rank's report (bytes sent, buckets, seconds)."""
+        from megarl.hybrid.pool_sync import PoolSyncError
+
+        if self.pool_sender is None:
+            raise PoolSyncError("send_weights before join_bridge: call join_bridge on both pools first")
+        self.check_loaded()
+        return self.pool_sender.send(version).report()
+
     def shutdown(self) -> None:
         if self.hybrid is not None:  # vLLM's groups go before megatron's
             self.hybrid.close()
             self.hybrid = None
+        if self.pool_sender is not None:
+            self.pool_sender.close()
+            self.pool_sender = None
         super().shutdown()
 
     @register(Dispatch.DP_COMPUTE)

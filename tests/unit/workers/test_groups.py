@@ -17,12 +17,14 @@ from megarl.workers.groups import (
     RefGroup,
     RewardModelGroup,
     RewardTrainerGroup,
+    RolloutGroup,
 )
 from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.reference import ReferenceWorker
 from megarl.workers.reward import RewardModelWorker
 from megarl.workers.reward_hf import HFRewardWorker
 from megarl.workers.reward_trainer import RewardTrainerWorker
+from megarl.workers.rollout_worker import RolloutWorker
 
 pytestmark = pytest.mark.unit
 
@@ -34,6 +36,7 @@ HANDLES = [
     (CriticWorker, CriticGroup),
     (HFRewardWorker, RewardModelGroup),
     (RewardTrainerWorker, RewardTrainerGroup),
+    (RolloutWorker, RolloutGroup),
 ]
 
 
