@@ -95,6 +95,10 @@ class Col:
     RESPONSE_MASK = "response_mask"
     ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [n, R] fp32: the engine's log-prob of each sampled token
     FINISH_REASON = "finish_reason"  # [n] str, non-tensor: "stop" or "length"
+    # Partial rollouts (generate(..., between_steps=...), megarl.rollout.partial): a response may span
+    # weight syncs. [n, R] long: the weights version that sampled each response token, -1 on padding
+    ROLLOUT_TOKEN_VERSIONS = "rollout_token_versions"
+    ROLLOUT_VERSION = "rollout_version"  # [n] long: the oldest weights version among the row's tokens
 
     # The workers; per-token values are 0 where response_mask is 0.
     OLD_LOG_PROBS = "old_log_probs"  # [n, R] fp32: the actor's log-probs before the update (log_prob)

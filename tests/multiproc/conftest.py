@@ -77,6 +77,14 @@ def perturbed_qwen2(tiny_models, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_single(torchrun, tiny_models, perturbed_qwen2) -> dict:
+    """Rank 0's results of vllm_rollout_checks' one-rank engine (test_vllm_rollout, and the partial
+    rollouts of test_partial_rollout on the same engine: one engine start for both)."""
+    args = [tiny_models["qwen2"], perturbed_qwen2, "single"]
+    return torchrun("tests.multiproc.vllm_rollout_checks", args, nproc=1, timeout=300).results[0]
+
+
+@pytest.fixture(scope="session")
 def checkpoint_spec(tiny_models, tmp_path_factory) -> list:
     """test_checkpoint's argv (HF OTHER_HF DIR): its save side runs in the shared launch, its load side
     in a 2-rank launch of its own reading the same DIR, so both must see one spec."""

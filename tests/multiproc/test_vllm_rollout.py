@@ -1,8 +1,9 @@
 """VLLMRollout (in-process vLLM, external-launcher mode) against transformers fp32 on a tiny Qwen2.
 
 Two launches run every check (tests/multiproc/vllm_rollout_checks.py): `single`, a torchrun of one rank
-with tp_g=1, and `tp`, four ranks with Megatron TP=2 and strided generation TP groups [0, 2], [1, 3], in
-the 4-rank launch shared with other modules (tests/multiproc/conftest.py).
+with tp_g=1 (conftest's `vllm_single`, shared with test_partial_rollout), and `tp`, four ranks with
+Megatron TP=2 and strided generation TP groups [0, 2], [1, 3], in the 4-rank launch shared with other
+modules (tests/multiproc/conftest.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ SHARED_PART = ("vllm_tp", "tests.multiproc.vllm_rollout_checks", _tp_argv)
 
 
 @pytest.fixture(scope="module")
-def single(torchrun, tiny_models, perturbed_qwen2):
-    args = [tiny_models["qwen2"], perturbed_qwen2, "single"]
-    return torchrun("tests.multiproc.vllm_rollout_checks", args, nproc=1, timeout=300).results[0]
+def single(vllm_single):
+    return vllm_single
 
 
 @pytest.fixture(scope="module")
