@@ -90,10 +90,10 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     if len(with_log_probs) > 1:
         raise ValueError("either every sample has its log-probs or none has")
     with_log_probs = with_log_probs == {True}
-    with_versions = {s.versions is not None for s in flat}
-    if len(with_versions) > 1:
+    has_versions = {s.versions is not None for s in flat}
+    if len(has_versions) > 1:
         raise ValueError("either every sample has its token versions or none has")
-    with_versions = with_versions == {True}
+    with_versions = has_versions == {True}
     too_long = [len(s.token_ids) for s in flat if len(s.token_ids) > max_tokens]
     if too_long:
         raise ValueError(f"responses of {too_long} tokens exceed max_tokens={max_tokens}")
@@ -108,7 +108,7 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
         responses[row, :length] = torch.tensor(s.token_ids, dtype=torch.long)
         if with_log_probs:
             log_probs[row, :length] = torch.tensor(s.log_probs, dtype=torch.float32)
-        if with_versions:
+        if s.versions is not None:
             if len(s.versions) != length:
                 raise ValueError(f"row {row}: {len(s.versions)} token versions for {length} tokens")
             versions[row, :length] = torch.tensor(s.versions, dtype=torch.long)
