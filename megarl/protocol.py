@@ -95,8 +95,11 @@ class Col:
     RESPONSE_MASK = "response_mask"
     ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [n, R] fp32: the engine's log-prob of each sampled token
     FINISH_REASON = "finish_reason"  # [n] str, non-tensor: "stop" or "length"
-    # [n] long: the weights version (training steps done) that generated the response's oldest token (a
-    # separate rollout pool: megarl.workers.rollout_worker; the colocated engine runs the current weights)
+    # Partial rollouts (generate(..., between_steps=...), megarl.rollout.partial): a response may span
+    # weight syncs. [n, R] long: the weights version that sampled each response token, -1 on padding
+    ROLLOUT_TOKEN_VERSIONS = "rollout_token_versions"
+    # [n] long: the oldest weights version among the row's tokens (training steps done: a separate rollout
+    # pool, megarl.workers.rollout_worker; the colocated engine always runs the current weights)
     ROLLOUT_VERSION = "rollout_version"
 
     # The workers; per-token values are 0 where response_mask is 0.

@@ -237,7 +237,15 @@ class PoolSender:
         table = build_table(entries, worker.arch, worker.layout, r.reshard_bucket_mib << 20)
         bridge = PoolBridge(host, port, rank, world + engine_ranks, collective_timeout().total_seconds())
         return cls(
-            local, table, worker.arch, worker.layout, rank, bridge, engine_ranks, engine_tp, r.sync_skip_unchanged
+            local,
+            table,
+            worker.arch,
+            worker.layout,
+            rank,
+            bridge,
+            engine_ranks,
+            engine_tp,
+            r.sync_skip_unchanged,
         )
 
     def send(self, version: int) -> PoolSyncStats:

@@ -14,6 +14,9 @@ schema, one row per sample, the samples of a prompt adjacent (m = prompts × sam
 |                     |              | when asked for: `generate(..., log_probs=True)`)                   |
 | `uid`               | [m]          | the prompt's group id (the input's `uid` column, else its row)     |
 | `finish_reason`     | [m] str      | "stop" (EOS, stop token or stop string) or "length" (max_tokens)   |
+| `rollout_token_versions` | [m, R] long | the weights version that sampled each token; -1 on padding    |
+|                     |              | (partial rollouts only: `generate(..., between_steps=...)`)        |
+| `rollout_version`   | [m] long     | the oldest version among the row's tokens (with the column above)  |
 
 Every other input column (and `meta`) is carried through, repeated once per sample. The names are
 `megarl.protocol.Col`'s. `response_mask` is what the loss trains on; a rollout that inserts tokens the
@@ -39,7 +42,7 @@ ROLLOUT_COLUMNS = (
     Col.RESPONSE_MASK,
     Col.UID,
     Col.FINISH_REASON,
-)  # and Col.ROLLOUT_LOG_PROBS when asked for
+)  # and Col.ROLLOUT_LOG_PROBS when asked for; the two version columns from partial rollouts
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Sample:
     token_ids: list[int]
     log_probs: list[float] | None  # None when the engine was not asked for them
     finish_reason: str
+    versions: list[int] | None = None  # the weights version that sampled each token (partial rollouts)
 
 
 class Rollout(ABC):
@@ -86,6 +90,10 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     if len(with_log_probs) > 1:
         raise ValueError("either every sample has its log-probs or none has")
     with_log_probs = with_log_probs == {True}
+    has_versions = {s.versions is not None for s in flat}
+    if len(has_versions) > 1:
+        raise ValueError("either every sample has its token versions or none has")
+    with_versions = has_versions == {True}
     too_long = [len(s.token_ids) for s in flat if len(s.token_ids) > max_tokens]
     if too_long:
         raise ValueError(f"responses of {too_long} tokens exceed max_tokens={max_tokens}")
@@ -94,11 +102,16 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     responses = torch.full((m, max_tokens), pad_token_id, dtype=torch.long)
     log_probs = torch.zeros(m, max_tokens, dtype=torch.float32)
     response_mask = torch.zeros(m, max_tokens, dtype=torch.float32)
+    versions = torch.full((m, max_tokens), -1, dtype=torch.long)
     for row, s in enumerate(flat):
         length = len(s.token_ids)
         responses[row, :length] = torch.tensor(s.token_ids, dtype=torch.long)
         if with_log_probs:
             log_probs[row, :length] = torch.tensor(s.log_probs, dtype=torch.float32)
+        if s.versions is not None:
+            if len(s.versions) != length:
+                raise ValueError(f"row {row}: {len(s.versions)} token versions for {length} tokens")
+            versions[row, :length] = torch.tensor(s.versions, dtype=torch.long)
         response_mask[row, :length] = 1.0
 
     carried = batch.repeat(n)
@@ -115,6 +128,10 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     }
     if with_log_probs:
         own[Col.ROLLOUT_LOG_PROBS] = log_probs
+    if with_versions:
+        own[Col.ROLLOUT_TOKEN_VERSIONS] = versions
+        oldest = versions.masked_fill(versions < 0, torch.iinfo(torch.long).max).amin(1)
+        own[Col.ROLLOUT_VERSION] = oldest.masked_fill(response_mask.sum(1) == 0, -1)  # -1: no tokens
     out = carried.select([k for k in carried.keys() if k not in own])
     for key, value in own.items():
         out[key] = value

@@ -13,7 +13,7 @@ import contextlib
 import gc
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
+from megarl.rollout.partial import generate_across_syncs
 from megarl.rollout.vllm_cpu_load import load_into_layers
 from megarl.rollout.vllm_groups import (
     check_tp_groups,
@@ -171,6 +172,9 @@ class VLLMRollout(Rollout):
         # generate calls, so restoring both resumes the same seed stream.
         self.seed = cfg.seed
         self.sampling_step = 0
+        # The version of the weights the engine holds (the caller's count of syncs; set it after each
+        # load_weights between calls). A partial rollout tags every token with it and advances it.
+        self.weights_version = 0
         self.llm = self._start_engine()
         self.pad_token_id = self._pad_token_id()
         self.layers = self.llm.collective_rpc(_engine_layers)[0]
@@ -235,8 +239,21 @@ class VLLMRollout(Rollout):
         self.sampling_step += 1
         return seeds
 
-    def generate(self, batch: Batch, sampling: SamplingConfig, log_probs: bool = True) -> Batch:
-        """Sample `sampling.n` responses per prompt; see `megarl.rollout.base` for the returned columns."""
+    def generate(
+        self,
+        batch: Batch,
+        sampling: SamplingConfig,
+        log_probs: bool = True,
+        between_steps: Callable[[], int | None] | None = None,
+    ) -> Batch:
+        """Sample `sampling.n` responses per prompt; see `megarl.rollout.base` for the returned columns.
+
+        With `between_steps` (a partial rollout, `megarl.rollout.partial`) the engine runs step by step
+        and calls it after each step, on every rank of the replica at the same step; it returns None or
+        the version of the weights it has just loaded (`load_weights`), which must then be the same on
+        every rank. Requests in flight continue with the new weights; the batch gains the per-token
+        `rollout_token_versions` and per-row `rollout_version`, and `weights_version` ends at the last
+        version loaded."""
         from vllm import SamplingParams
 
         if log_probs and not self.has_log_probs:
@@ -249,6 +266,11 @@ class VLLMRollout(Rollout):
             SamplingParams(**sampling_params(sampling, max_tokens, seed, log_probs))
             for seed in self._request_seeds(len(prompts))
         ]
+        if between_steps is not None:
+            samples, self.weights_version = generate_across_syncs(
+                self.llm, prompts, params, between_steps, self.weights_version, log_probs, engine_call
+            )
+            return rollout_batch(batch, samples, max_tokens, self.pad_token_id)
         with engine_call():
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         samples = [
@@ -271,7 +293,8 @@ class VLLMRollout(Rollout):
 
         Any subset of the model may be sent, in buckets of whole engine layers: every tensor of a layer
         in one call (q, k and v with their biases; gate and up). Each engine takes its own TP shard;
-        cached prefixes computed with the old weights are dropped. Returns the loader that took them:
+        cached prefixes computed with the old weights are dropped, and requests in flight (a partial
+        rollout's `between_steps`) recompute theirs at the next step. Returns the loader that took them:
         "layers" (CPU, one engine TP rank: `vllm_cpu_load`) or "reload_weights" (vLLM's).
         """
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
@@ -279,10 +302,10 @@ class VLLMRollout(Rollout):
         with engine_call():
             loader = self._push(weights)
             self.llm.collective_rpc(_reprocess_tied_layers)
-            if not self.llm.reset_prefix_cache():
-                raise RuntimeError(
-                    "vLLM kept its prefix cache (requests still running); outputs would mix weights"
-                )
+            # Running requests are preempted (none outside a partial rollout's between_steps): their
+            # KV is recomputed with the new weights when they resume.
+            if not self.llm.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError("vLLM kept its prefix cache; outputs would mix weights")
         return loader
 
     def _push(self, weights: list[tuple[str, torch.Tensor]]) -> str:

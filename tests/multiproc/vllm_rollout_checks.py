@@ -1,7 +1,8 @@
 """Rank code for test_vllm_rollout: VLLMRollout on a tiny Qwen2 against transformers fp32.
 
 argv: MODEL PERTURBED single|tp. `single` (1 rank, tp_g=1): sampling parameters, the returned schema,
-log-probs, the colocation guards, a weight push and a second engine built from the pushed checkpoint —
+log-probs, the colocation guards, a weight push, a sync in mid-generation (partial_rollout_checks) and a
+second engine built from the pushed checkpoint —
 with the engine's model under torch.compile (rollout.enforce_eager=false, the default), whose graphs
 must see the pushed weights.
 `tp` (4 ranks, Megatron TP=2 first): generation TP groups [0, 2] and [1, 3], greedy tokens and
@@ -207,6 +208,10 @@ def check_single(model: str, perturbed: str) -> dict:
         "same_tokens": bool(torch.equal(restored["responses"], greedy["responses"])),
         "log_prob_diff": max_diff(restored["rollout_log_probs"], greedy["rollout_log_probs"]),
     }
+    # On this engine, with the original weights again: test_partial_rollout's checks.
+    from tests.multiproc.partial_rollout_checks import check_partial
+
+    res["partial"] = check_partial(rollout, batch, model, perturbed)
     rollout.load_weights(weights)
 
     rollout.close()

@@ -86,3 +86,32 @@ def test_rollout_batch_rejects_inconsistent_samples():
         rollout_batch(prompts(), [samples()[0], samples()[1][:1]], 3, PAD)
     with pytest.raises(ValueError, match="samples for 1 prompts"):
         rollout_batch(prompts(), samples()[:1], 3, PAD)
+
+
+def test_rollout_batch_carries_token_versions_and_each_rows_oldest():
+    versions = [[[3, 3, 4], [4]], [[4, 5], [5, 5, 5]]]
+    tagged = [
+        [Sample(s.token_ids, s.log_probs, s.finish_reason, v) for s, v in zip(row, vs)]
+        for row, vs in zip(samples(), versions)
+    ]
+    out = rollout_batch(prompts(), tagged, max_tokens=3, pad_token_id=PAD)
+    assert out["rollout_token_versions"].tolist() == [[3, 3, 4], [4, -1, -1], [4, 5, -1], [5, 5, 5]]
+    assert out["rollout_token_versions"].dtype == torch.long
+    assert out["rollout_version"].tolist() == [3, 4, 4, 5]
+    assert "rollout_version" not in rollout_batch(prompts(), samples(), 3, PAD).keys()
+
+
+def test_rollout_batch_refuses_versions_that_do_not_fit_the_tokens():
+    tagged = [
+        [Sample(s.token_ids, s.log_probs, s.finish_reason, [0] * len(s.token_ids)) for s in row]
+        for row in samples()
+    ]
+    tagged[1][1] = Sample([16, 17, 18], None, "length", [0, 0])
+    with pytest.raises(ValueError, match="every sample has its log-probs or none"):
+        rollout_batch(prompts(), tagged, 3, PAD)
+    tagged[1][1] = Sample([16, 17, 18], [-0.1, -0.2, -0.3], "length", [0, 0])
+    with pytest.raises(ValueError, match=r"row 3: 2 token versions for 3 tokens"):
+        rollout_batch(prompts(), tagged, 3, PAD)
+    tagged[1][1] = Sample([16, 17, 18], [-0.1, -0.2, -0.3], "length")
+    with pytest.raises(ValueError, match="every sample has its token versions or none"):
+        rollout_batch(prompts(), tagged, 3, PAD)
