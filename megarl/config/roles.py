@@ -59,6 +59,8 @@ class RolloutSpec:
     max_prompt_length: int
     max_response_length: int
     seed: int
+    # async_training.partial_rollout (a separate pool's engines take new weights mid-generation)
+    partial_rollout: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ def rollout_spec(cfg: MegarlConfig) -> RolloutSpec:
         max_prompt_length=cfg.data.max_prompt_length,
         max_response_length=cfg.data.max_response_length,
         seed=cfg.trainer.seed if r.seed is None else r.seed,
+        partial_rollout=cfg.async_training.partial_rollout,
     )
 
 

@@ -113,6 +113,8 @@ def pool_generate_stage(pool: RolloutPool, log_probs: bool = False) -> Stage:
         return batch
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ()) + (Col.ROLLOUT_VERSION,)
+    if pool.partial:  # each token's version (a response may span syncs)
+        writes += (Col.ROLLOUT_TOKEN_VERSIONS,)
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
     return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True, refines=refines)
 

@@ -52,6 +52,19 @@ class RolloutWorker(Worker):
         self.engine = VLLMRollout(rollout)
         self.version = 0  # model.path's weights
         self.receiver: PoolReceiver | None = None  # once join_bridge ran
+        self.partial = rollout.partial_rollout
+        self.sync_reports: list[dict] = []  # the syncs taken during the current generate call
+        self._last_report: dict = {}
+        # a partial rollout's decision to take new weights mid-generation, made by each engine replica's
+        # TP rank 0 and broadcast to its other ranks (they step in lockstep and must load together)
+        self.replica_group = None
+        if self.partial and self.tp > 1:
+            import torch.distributed as dist
+
+            for first in range(0, world, self.tp):  # every rank creates every group, in order
+                group = dist.new_group(list(range(first, first + self.tp)), timeout=collective_timeout())
+                if first <= self.env.rank < first + self.tp:
+                    self.replica_group, self.replica_leader = group, first
 
     def rank_info(self) -> RankInfo:
         replica, tp_rank = divmod(self.env.rank, self.tp)
@@ -72,10 +85,43 @@ class RolloutWorker(Worker):
         rollout.val.* when `validate`) with the weights of `weights_version()`."""
         r = self.rollout_spec.rollout
         start = time.perf_counter()
-        out = self.engine.generate(prompts, r.val if validate else r, self.engine.has_log_probs)
-        out[Col.ROLLOUT_VERSION] = torch.full((len(out),), self.version, dtype=torch.long)
-        out.meta["rollout_pool"] = {"version": self.version, "seconds": time.perf_counter() - start}
+        sampling = r.val if validate else r
+        self.sync_reports = []
+        if self.partial and not validate and self.receiver is not None:
+            # async_training.partial_rollout: weights sent meanwhile are taken between two engine steps
+            self.engine.weights_version = self.version
+            out = self.engine.generate(
+                prompts, sampling, self.engine.has_log_probs, between_steps=self._new_weights
+            )
+        else:
+            out = self.engine.generate(prompts, sampling, self.engine.has_log_probs)
+            out[Col.ROLLOUT_VERSION] = torch.full((len(out),), self.version, dtype=torch.long)
+            if self.partial:  # the same columns as the partial path's, every token of this version
+                real = out[Col.RESPONSE_MASK] > 0
+                out[Col.ROLLOUT_TOKEN_VERSIONS] = torch.where(real, self.version, -1).long()
+        out.meta["rollout_pool"] = {
+            "version": self.version,
+            "seconds": time.perf_counter() - start,
+            "sync": self.sync_reports,  # taken mid-generation (partial rollouts)
+        }
         return out
+
+    def _new_weights(self) -> int | None:
+        """Between two engine steps of a partial rollout: take the weights the actor is sending now, if
+        any (its rank 0 announced the version on the bridge before sending); the version, or None."""
+        assert self.receiver is not None
+        pending = self.receiver.bridge.pending_version()
+        if self.replica_group is not None:
+            import torch.distributed as dist
+
+            flag = torch.tensor([-1 if pending is None else pending], dtype=torch.long)
+            dist.broadcast(flag, src=self.replica_leader, group=self.replica_group)
+            pending = None if int(flag) < 0 else int(flag)
+        if pending is None or pending <= self.version:
+            return None
+        self.receive_weights(pending)
+        self.sync_reports.append(self._last_report)
+        return self.version
 
     @register(Dispatch.ONE_TO_ALL)
     def join_bridge(self, host: str, port: int, n_train: int) -> dict:
@@ -113,7 +159,8 @@ class RolloutWorker(Worker):
             self.engine.load_weights(bucket)
         if not stats.skipped:
             self.version = version
-        return stats.report()
+        self._last_report = stats.report()
+        return self._last_report
 
     @register(Dispatch.ONE_TO_ALL)
     def weights_version(self) -> int:
