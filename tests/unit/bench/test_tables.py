@@ -108,3 +108,50 @@ def test_model_flops_count_every_linear_layer_six_times_per_token_plus_attention
     sequences, seq_len = 3, 10
     attention = 12 * 2 * 64 * seq_len  # layers × hidden × seq_len, per token
     assert update_flops(config, sequences, seq_len) == sequences * seq_len * (6 * linear + attention)
+
+
+def test_the_async_bench_reads_each_pools_busy_share_and_gives_the_ratio(tmp_path):
+    import json
+
+    from megarl.bench.async_training import measured_steps, table
+
+    common = {"response_length/mean": 10.0, "batch/sequences": 32, "response_length/max": 96.0}
+    colocated = tmp_path / "colocated.jsonl"
+    colocated.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "step_seconds": 2.0,
+                    "timing/generate": 1.5,
+                    "generate/engine_seconds": 1.2,
+                    **common,
+                }
+            )
+            + "\n"
+            for s in (1, 2, 3)
+        )
+    )
+    separate = tmp_path / "separate.jsonl"
+    record = {
+        "step_seconds": 1.0,
+        "async/engine_busy_share": 0.9,
+        "async/trainer_busy_share": 0.6,
+        "async/staleness_max": 1.0,
+        **common,
+    }
+    separate.write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in (1, 2, 3)))
+    c, a = measured_steps(colocated, warmup=1), measured_steps(separate, warmup=1)
+    assert len(c) == len(a) == 2  # the warm-up step is left out
+    assert c[0]["tokens_per_s"] == 160.0 and c[0]["engine_busy"] == 0.6 and c[0]["trainer_busy"] == 0.25
+    assert a[0]["tokens_per_s"] == 320.0 and (a[0]["engine_busy"], a[0]["trainer_busy"]) == (0.9, 0.6)
+    summary = {k: {"median": c[0][k], "min": c[0][k], "max": c[0][k], "n": 2} for k in c[0]}
+    text = table(
+        {
+            "cpu": "AMD EPYC",
+            "cores": 2,
+            "workload": {},
+            "variants": {"colocated": {"summary": summary, "ratio_tokens_per_s": 1.0}},
+        }
+    )
+    assert "| colocated | 160 (160–160) | 1.00 | 2.00 (2.00–2.00) |" in text
