@@ -84,8 +84,8 @@ def overrides(args: argparse.Namespace, model: Path, data: Path, vocab: int, out
         f"rollout.n={args.group}",
         f"rollout.max_num_seqs={sequences}",
         f"rollout.stop_token_ids=[{','.join(map(str, stops))}]",
-        f"actor.micro_batch_size={sequences}",
-        f"ref.micro_batch_size={sequences}",
+        f"actor.micro_batch_size={sequences // 2}",  # divides a rank's share at DP1 (separate) and DP2
+        f"ref.micro_batch_size={sequences // 2}",
         f"algorithm.ppo_mini_batch_size={args.prompts}",
         "algorithm.rollout_correction.rollout_is=token",  # the decoupled objective, in every variant
         "trainer.n_devices_per_node=2",

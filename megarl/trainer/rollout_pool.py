@@ -218,6 +218,11 @@ class RolloutPool:
     def _step_metrics(self, batch: Batch) -> dict[str, float]:
         times, self._times = self._times, _StepTimes()
         metrics = staleness_metrics(batch, self.trainer_version, self.max_staleness)
+        if Col.ROLLOUT_TOKEN_VERSIONS in batch:  # partial rollouts: responses that span a weight sync
+            versions = batch[Col.ROLLOUT_TOKEN_VERSIONS].long()
+            newest = versions.max(dim=-1).values
+            oldest = torch.where(versions < 0, newest[:, None], versions).min(dim=-1).values
+            metrics["async/spanning_sync_share"] = (newest > oldest).float().mean().item()
         metrics.update(
             {
                 "async/engine_version": float(self.engine_version),

@@ -124,9 +124,19 @@ def test_a_resumed_async_run_keeps_the_data_position_and_the_bound(async_run, rl
     out = tmp_path_factory.mktemp("async_resume")
     shutil.copytree(reference / "checkpoints" / "step_6", out / "checkpoints" / "step_6")
     (out / "checkpoints" / "latest").write_text("step_6\n")
-    cfg = rl_setup.grpo_config(out, *GRPO, *ASYNC, "trainer.total_steps=12", "trainer.eval_every=0")
+    # resumed with partial rollouts on: the engines take step 7's weights while generating step 8's batch
+    cfg = rl_setup.grpo_config(
+        out,
+        *GRPO,
+        *ASYNC,
+        "trainer.total_steps=12",
+        "trainer.eval_every=0",
+        "async_training.partial_rollout=true",
+    )
     history, resumed_uids, lag = run_recording(cfg, total_steps=8)  # the same schedule, two steps of it
-    assert [h["step"] for h in steps(history)] == [7, 8]
+    train = steps(history)
+    assert [h["step"] for h in train] == [7, 8]
+    assert all(0 <= h["async/spanning_sync_share"] <= 1 and h["response_length/max"] <= 8 for h in train)
     # the prompts the uninterrupted run trained at steps 7 and 8: drawn ahead before the save, drawn again
     assert resumed_uids == {7: uids[7], 8: uids[8]}
     assert lag[7] == 0 and lag[8] <= 1  # regenerated with the resumed weights
