@@ -49,7 +49,6 @@ class _Draw:
     data_state: dict[str, Any]  # the trainer's data position before this draw (meta["data_state"])
     future: GroupFuture[Batch] | None = None
     version: int | None = None  # the engines' version when it was submitted
-    submitted_at: float = 0.0
 
 
 @dataclass
