@@ -104,3 +104,14 @@ def test_actor_moved_tp2_to_tp1_dp2_mid_run_keeps_its_log_probs_and_its_next_upd
     # 9.2e-7); near-zero means (pg_loss, advantages/mean ~1e-9) to ATOL
     assert_same_metrics(unmoved, moved, rel=RTOL, abs_=ATOL)
     torch.testing.assert_close(moved_log_probs, unmoved_log_probs, rtol=RTOL, atol=ATOL)
+
+    # the same step-1 state started at TP1 × DP2 from the checkpoint: the same op order as the moved actor,
+    # so the remap is the resume at the new layout, to 1e-6 (the bound; seen: bit for bit)
+    at_new_layout = (resume, "actor.parallel.tp=1", "trainer.n_devices_per_node=2")
+    with RLTrainer(rl_setup.grpo_config(tmp_path / "resumed_tp1", *settings, *at_new_layout)) as resumed:
+        resumed.flow.insert_after("generate", Stage("keep_rollouts", keep, reads=SEQUENCE_COLUMNS))
+        started = resumed.step()
+        started_log_probs = resumed.roles.actor.log_prob(fixed)["old_log_probs"]
+    assert torch.equal(rollouts[3]["responses"], rollouts[1]["responses"])
+    assert_same_metrics(started, moved, rel=1e-6, abs_=1e-7)
+    torch.testing.assert_close(moved_log_probs, started_log_probs, rtol=1e-6, atol=1e-7)
