@@ -232,7 +232,8 @@ class RLTrainer(SessionTrainer):
         prompts = self.loader.next_batch()
         prompts["uid"] = torch.arange(self._next_uid, self._next_uid + len(prompts))
         self._next_uid += len(prompts)
-        prompts.meta["data_state"] = before  # a separate rollout pool draws ahead: its checkpoint position
+        if self.pool is not None:  # a separate rollout pool draws ahead: the position its checkpoint records
+            prompts.meta["data_state"] = before
         return prompts
 
     def validate(self, step: int) -> dict[str, float]:

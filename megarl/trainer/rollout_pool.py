@@ -48,7 +48,6 @@ class _Draw:
     step: int  # the training step that takes it
     data_state: dict[str, Any]  # the trainer's data position before this draw (meta["data_state"])
     future: GroupFuture[Batch] | None = None
-    version: int | None = None  # the engines' version when it was submitted
 
 
 @dataclass
@@ -165,7 +164,6 @@ class RolloutPool:
                 if not self.partial and any(e.future is not None and not e.future.done() for e in self.queue):
                     return  # a sync now would wait for the engines' current batch: at the next call
                 self._sync()
-            entry.version = self.engine_version
             entry.future = self.rollout.generate_async(entry.prompts)
 
     def _sync(self) -> None:

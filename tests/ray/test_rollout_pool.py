@@ -13,21 +13,9 @@ import torch
 from megarl.config.roles import role_spec, rollout_spec
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
+from tests.multiproc.hybrid_checks import N_PROMPTS, PROMPT, RESPONSE, SAMPLES, prompts  # the same prompts
 
 pytestmark = pytest.mark.ray
-
-N_PROMPTS, SAMPLES, PROMPT, RESPONSE = 4, 2, 8, 10
-TOKENIZER_VOCAB = 657  # prompts stay inside the tiny tokenizer's vocabulary
-
-
-def prompts() -> Batch:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.zeros(N_PROMPTS, PROMPT, dtype=torch.long)
-    mask = torch.zeros(N_PROMPTS, PROMPT, dtype=torch.long)
-    for i, length in enumerate([3, 8, 5, 6]):
-        ids[i, PROMPT - length :] = torch.randint(3, TOKENIZER_VOCAB, (length,), generator=g)
-        mask[i, PROMPT - length :] = 1
-    return Batch(tensors={"prompts": ids, "attention_mask": mask})
 
 
 def config(model: str, engine_tp: int) -> MegarlConfig:
