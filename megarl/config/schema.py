@@ -391,6 +391,8 @@ class TrainerConfig:
     save_hf: bool = False
     eval_every: int = 0  # evaluate on data.val_files every N steps (and after the last); 0 = never
     val_before_train: bool = True  # evaluate on data.val_files before the first step (logged as step 0)
+    # evaluate on data.val_files once, at the step the run starts from, and stop without training (verl's)
+    val_only: bool = False
     # write every validation response (input, output, score) to <dir>/step_<N>.jsonl; None = don't
     # (verl's trainer.validation_data_dir)
     validation_data_dir: str | None = None

@@ -354,6 +354,10 @@ def _check_trainer(cfg: MegarlConfig, check_paths: bool, problems: list[str]) ->
                 f"trainer.eval_every={t.eval_every} but data.val_files is empty; "
                 "set data.val_files=[path/to/val.parquet] or trainer.eval_every=0"
             )
+    if t.val_only and not cfg.data.val_files:
+        problems.append(
+            "trainer.val_only=true but data.val_files is empty; set data.val_files=[path/to/val.parquet]"
+        )
     if not t.output_dir:
         problems.append("trainer.output_dir is empty; set it, e.g. trainer.output_dir=outputs/my_run")
     if not t.resume:

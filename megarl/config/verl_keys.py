@@ -330,7 +330,7 @@ RUN_KEYS: tuple[VerlKey, ...] = (
         "trainer.log_val_generations", "megarl writes validation responses to trainer.validation_data_dir"
     ),
     ignored("trainer.rollout_data_dir", "megarl writes validation responses to trainer.validation_data_dir"),
-    ignored("trainer.val_only", "megarl evaluates inside training runs (trainer.val_before_train)"),
+    maps("trainer.val_only", "trainer.val_only"),
     ignored("trainer.esi_redundant_time", "megarl saves on preemption (trainer.preempt_grace_s)"),
     ignored("trainer.default_hdfs_dir", "megarl writes checkpoints to trainer.output_dir"),
     ignored("trainer.del_local_ckpt_after_load", "megarl keeps checkpoints (trainer.max_checkpoints)"),

@@ -53,6 +53,11 @@ class Sample:
     log_probs: list[float] | None  # None when the engine was not asked for them
     finish_reason: str
     versions: list[int] | None = None  # the weights version that sampled each token (partial rollouts)
+    # multi-turn rollouts (megarl.agentic): 1 on tokens the engine sampled, 0 on tokens it was given
+    # (tool outputs, user turns, the chat template's turn boundaries); None = every token sampled
+    mask: list[int] | None = None
+    # the prompt this sample was generated from when it is not the batch row's (an agent's first request)
+    prompt_ids: list[int] | None = None
 
 
 class Rollout(ABC):
@@ -112,16 +117,27 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
             if len(s.versions) != length:
                 raise ValueError(f"row {row}: {len(s.versions)} token versions for {length} tokens")
             versions[row, :length] = torch.tensor(s.versions, dtype=torch.long)
-        response_mask[row, :length] = 1.0
+        if s.mask is None:
+            response_mask[row, :length] = 1.0
+        elif len(s.mask) != length:
+            raise ValueError(f"row {row}: a mask of {len(s.mask)} for {length} tokens")
+        else:
+            response_mask[row, :length] = torch.tensor(s.mask, dtype=torch.float32)
 
     carried = batch.repeat(n)
     prompts = carried[Col.PROMPTS]
+    prompt_mask = carried[Col.ATTENTION_MASK].long()
+    if any(s.prompt_ids is not None for s in flat):
+        prompts, prompt_mask = _own_prompts(flat, prompts, prompt_mask, pad_token_id)
+    attention = torch.zeros_like(response_mask, dtype=torch.long)
+    for row, s in enumerate(flat):
+        attention[row, : len(s.token_ids)] = 1  # given tokens too: the model reads them
     uid = carried[Col.UID] if Col.UID in batch else torch.arange(len(batch)).repeat_interleave(n)
     own = {
         Col.PROMPTS: prompts,
         Col.RESPONSES: responses,
         Col.INPUT_IDS: torch.cat([prompts, responses], dim=1),
-        Col.ATTENTION_MASK: torch.cat([carried[Col.ATTENTION_MASK].long(), response_mask.long()], dim=1),
+        Col.ATTENTION_MASK: torch.cat([prompt_mask, attention], dim=1),
         Col.RESPONSE_MASK: response_mask,
         Col.UID: uid,
         Col.FINISH_REASON: [s.finish_reason for s in flat],
@@ -136,3 +152,26 @@ def rollout_batch(batch: Batch, samples: list[list[Sample]], max_tokens: int, pa
     for key, value in own.items():
         out[key] = value
     return out
+
+
+def _own_prompts(
+    samples: list[Sample], prompts: torch.Tensor, mask: torch.Tensor, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts and their mask with each sample's own `prompt_ids` (left-padded to the batch's width)
+    in place of its row's."""
+    prompts, mask = prompts.clone(), mask.clone()
+    width = prompts.shape[1]
+    for row, s in enumerate(samples):
+        if s.prompt_ids is None:
+            continue
+        if len(s.prompt_ids) > width:
+            raise ValueError(
+                f"row {row}: the agent's prompt has {len(s.prompt_ids)} tokens, more than the batch's "
+                f"{width} (data.max_prompt_length); raise data.max_prompt_length"
+            )
+        prompts[row] = pad_token_id
+        mask[row] = 0
+        if s.prompt_ids:
+            prompts[row, -len(s.prompt_ids) :] = torch.tensor(s.prompt_ids, dtype=torch.long)
+            mask[row, -len(s.prompt_ids) :] = 1
+    return prompts, mask

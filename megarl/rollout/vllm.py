@@ -22,6 +22,7 @@ import torch.distributed as dist
 from megarl.config.roles import RolloutSpec
 from megarl.config.schema import SamplingConfig, longest_response
 from megarl.distributed.platform import platform
+from megarl.errors import MegarlError
 from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
@@ -178,6 +179,11 @@ class VLLMRollout(Rollout):
         self.llm = self._start_engine()
         self.pad_token_id = self._pad_token_id()
         self.layers = self.llm.collective_rpc(_engine_layers)[0]
+        self.multi_turn = None
+        if cfg.rollout.multi_turn.enable:
+            from megarl.agentic.multi_turn import MultiTurnRollout
+
+            self.multi_turn = MultiTurnRollout(self.llm, cfg, engine_call)
 
     def _start_engine(self):
         # In-process engine core; the external launcher refuses to run without it.
@@ -261,6 +267,8 @@ class VLLMRollout(Rollout):
                 "this engine was built with rollout.calculate_log_probs=false, so it cannot return log-probs"
             )
         max_tokens = sampling.max_tokens or self.cfg.max_response_length
+        if self.multi_turn is not None:
+            return self._generate_multi_turn(batch, sampling, max_tokens, log_probs, between_steps)
         prompts = prompt_token_ids(batch)
         params = [
             SamplingParams(**sampling_params(sampling, max_tokens, seed, log_probs))
@@ -287,6 +295,35 @@ class VLLMRollout(Rollout):
             for out in outputs
         ]
         return rollout_batch(batch, samples, max_tokens, self.pad_token_id)
+
+    def _generate_multi_turn(
+        self,
+        batch: Batch,
+        sampling: SamplingConfig,
+        max_tokens: int,
+        log_probs: bool,
+        between_steps: Callable[[], int | None] | None,
+    ) -> Batch:
+        """rollout.multi_turn: each sample a conversation run by the agent loop (`megarl.agentic`); every
+        turn seeded from the prompt's request seed, the sample and the turn."""
+        from vllm import SamplingParams
+
+        assert self.multi_turn is not None
+        if between_steps is not None:
+            raise MegarlError("multi-turn rollouts cannot take weights mid-generation (partial rollouts)")
+
+        def params_for(seed: int, cap: int, stops: list[int]) -> SamplingParams:
+            args = sampling_params(sampling, cap, seed, log_probs)
+            args.update(n=1, stop_token_ids=sorted({*args["stop_token_ids"], *stops}))
+            return SamplingParams(**args)
+
+        seeds = self._request_seeds(len(batch))
+        fields, columns = self.multi_turn.run(batch, sampling.n, max_tokens, seeds, params_for, log_probs)
+        samples = [[Sample(**f) for f in per_prompt] for per_prompt in fields]
+        out = rollout_batch(batch, samples, max_tokens, self.pad_token_id)
+        for key, value in columns.items():
+            out[key] = value
+        return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
         """Replace engine weights in place from Hugging Face-named, full (unsharded) tensors.

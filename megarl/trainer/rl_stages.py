@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from megarl.agentic.metrics import agent_metrics
 from megarl.algorithms import (
     KLController,
     apply_kl_penalty,
@@ -92,6 +93,8 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
             # what the weight sync moved into this replica's engine, over the plan's floor (1.00 = the floor)
             ctx.metrics["generate/sync_received_bytes"] = report["reshard"]["received_bytes"]
             ctx.metrics["generate/sync_bytes_over_floor"] = report["reshard"]["ratio"]
+        if not ctx.validate:
+            ctx.metrics.update(agent_metrics(out))
         return out
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())

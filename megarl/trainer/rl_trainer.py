@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from megarl.agentic.metrics import AGENT_COLUMNS, agent_metrics
 from megarl.algorithms.aggregate import masked_mean
 from megarl.checkpoint.run import RL_JOB, ResumeError, capture_rng, restore_rng, resume_advice, save_due
 from megarl.config.schema import MegarlConfig
@@ -132,6 +133,9 @@ class RLTrainer(SessionTrainer):
         if (nothing_left := self.session.nothing_left(self.done_step, self.cfg.trainer.save_hf)) is not None:
             self.log.warn(nothing_left)
         self._begin()
+        if self.cfg.trainer.val_only:  # validated in _begin; nothing is trained
+            self._write_summary(self.history)
+            return self.history
         self._train_to_target()  # a stop signal ends it after a step, with a checkpoint (Preempted)
         if self.cfg.trainer.save_hf:
             with self.log.task(f"writing the actor as a Hugging Face model to {self.output_dir / 'hf'}"):
@@ -162,7 +166,7 @@ class RLTrainer(SessionTrainer):
 
     def _begin(self) -> None:
         """Once per trainer, before its first step: describe the run and validate at step 0 (a fresh
-        run with trainer.val_before_train)."""
+        run with trainer.val_before_train), or at the step it resumes from (trainer.val_only)."""
         if self._began:
             return
         self._began = self.session.began_training = True
@@ -174,10 +178,11 @@ class RLTrainer(SessionTrainer):
             for problem in problems:
                 self.log.warn(f"megarl: resuming from {self.resume_from}: {problem}")
         self.log.message(f"megarl: {self._describe()}\n{self.flow.describe()}")
-        if self.start_step == 0 and self.val_data is not None and self.cfg.trainer.val_before_train:
-            metrics = self.validate(step=0)
-            self.log.log(0, metrics)
-            self.history.append({"step": 0, **metrics})
+        t = self.cfg.trainer
+        if self.val_data is not None and (t.val_only or (self.start_step == 0 and t.val_before_train)):
+            metrics = self.validate(step=self.start_step)
+            self.log.log(self.start_step, metrics)
+            self.history.append({"step": self.start_step, **metrics})
 
     def _run_step(self, step: int) -> dict[str, float]:
         """Train, validate when due, save when due; a failed worker call names the step and stage."""
@@ -245,7 +250,7 @@ class RLTrainer(SessionTrainer):
         start = time.perf_counter()
         # the flow's own generate and scoring stages (a user's reward or added scoring stage included)
         stages = [self.flow["generate"], *scoring_stages(self.flow)]
-        scores, sources, samples = [], [], []
+        scores, sources, samples, turns = [], [], [], []
         errors: float | None = None
         for prompts in val_data.batches(self.cfg.data.val_batch_size or len(val_data)):
             ctx = StepContext(step=step, validate=True)
@@ -253,6 +258,8 @@ class RLTrainer(SessionTrainer):
             for stage in stages:
                 rollout = stage.run(ctx, rollout)
             scores.append(rollout["scores"].float())
+            if "num_turns" in rollout:
+                turns.append(rollout.select(AGENT_COLUMNS))
             if "reward/errors" in ctx.metrics:
                 errors = (errors or 0.0) + ctx.metrics["reward/errors"]
             batch_sources = (
@@ -265,6 +272,8 @@ class RLTrainer(SessionTrainer):
             write_samples(Path(dump_dir) / f"step_{step}.jsonl", samples)
         scores_t = torch.cat(scores)
         metrics = {"val/reward/mean": scores_t.mean().item()}
+        if turns:  # a multi-turn rollout's turns, tool calls and tool errors, on the validation prompts
+            metrics.update({f"val/{k}": v for k, v in agent_metrics(Batch.concat(turns)).items()})
         if errors is not None:
             metrics["val/reward/errors"] = errors
         for source in sorted(set(sources)):
@@ -280,21 +289,27 @@ class RLTrainer(SessionTrainer):
     def _samples(self, step: int, rollout: Batch, sources: list[str]) -> list[dict[str, Any]]:
         """verl's validation dump records (input, output, score, step), plus the response token ids."""
         records = []
+        multi_turn = "num_turns" in rollout
         for i in range(len(rollout)):
-            ids = rollout[Col.RESPONSES][i][rollout[Col.RESPONSE_MASK][i] > 0].tolist()
             prompt = rollout[Col.PROMPTS][i]
-            prompt_ids = prompt[rollout[Col.ATTENTION_MASK][i][: prompt.numel()] > 0].tolist()
-            records.append(
-                {
-                    "step": step,
-                    "input": self.tokenizer.decode(prompt_ids, skip_special_tokens=True),
-                    "output": self.tokenizer.decode(ids, skip_special_tokens=True),
-                    "score": float(rollout[Col.SCORES][i]),
-                    "data_source": sources[i],
-                    "input_ids": prompt_ids,
-                    "output_ids": ids,
-                }
-            )
+            attention = rollout[Col.ATTENTION_MASK][i] > 0
+            prompt_ids = prompt[attention[: prompt.numel()]].tolist()
+            response = attention[prompt.numel() :]
+            ids = rollout[Col.RESPONSES][i][response].tolist()  # a multi-turn response: tool outputs too
+            record = {
+                "step": step,
+                "input": self.tokenizer.decode(prompt_ids, skip_special_tokens=True),
+                "output": self.tokenizer.decode(ids, skip_special_tokens=True),
+                "score": float(rollout[Col.SCORES][i]),
+                "data_source": sources[i],
+                "input_ids": prompt_ids,
+                "output_ids": ids,
+            }
+            if multi_turn:  # which output ids the model generated (1) and which it was given (0)
+                record["output_mask"] = rollout[Col.RESPONSE_MASK][i][response].long().tolist()
+                record["num_turns"] = int(rollout["num_turns"][i])
+                record["tool_calls"] = int(rollout["tool_calls"][i])
+            records.append(record)
         return records
 
     def remap(self, role: str, target: Any) -> dict[str, Any]:

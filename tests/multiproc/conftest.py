@@ -35,7 +35,9 @@ ORDER_2 = (
     "fsdp_checkpoint",
     "fsdp_sync_engine",
 )
-ORDER_1 = ("critic_init", "optimizer_mapping", "fsdp", "fsdp_checkpoint", "vllm_single", "tiny_archs")
+ORDER_1 = (
+    "critic_init", "optimizer_mapping", "fsdp", "fsdp_checkpoint", "vllm_single", "agentic", "tiny_archs"
+)
 
 
 def _launch(request, torchrun, attribute: str, order: tuple[str, ...], nproc: int) -> dict:
