@@ -152,7 +152,8 @@ def run_agents(
     """Run `agent(client, sample)` for every sample, `concurrency` at a time, on a fresh event loop in
     the calling thread; each agent's client sends its session id in every request. An agent that
     raises, times out or returns no number gives an outcome with `error` set; this never raises for
-    an agent's fault. Outcomes are in the samples' order."""
+    an agent's fault. Outcomes are in the samples' order. Call it from a thread without a running
+    event loop (the rollout's worker thread)."""
     import openai
 
     if len(samples) != len(session_ids):

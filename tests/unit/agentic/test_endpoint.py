@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import ssl
 import textwrap
 import threading
 import time
@@ -25,6 +26,8 @@ from megarl.agentic.endpoint import OpenAIServer, Reply
 from megarl.agentic.tools.hermes import ToolCall
 
 pytestmark = pytest.mark.unit
+
+TLS = ssl.create_default_context()
 
 TOOLS = [
     {
@@ -101,7 +104,11 @@ def call(server, make_request, session: str | None = "s0"):
     async def go():
         headers = {"X-Megarl-Session": session} if session else None
         client = openai.AsyncOpenAI(
-            base_url=server.base_url, api_key="x", max_retries=0, default_headers=headers
+            base_url=server.base_url,
+            api_key="x",
+            max_retries=0,
+            default_headers=headers,
+            http_client=openai.DefaultAsyncHttpx2Client(verify=TLS),  # one CA bundle load, not one per client
         )
         try:
             return await make_request(client)
