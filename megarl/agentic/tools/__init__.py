@@ -1,0 +1,1 @@
+"""Tools the model calls during a multi-turn rollout."""
