@@ -1,0 +1,1 @@
+"""Multi-turn agentic rollouts: tool calls, chat formats, trajectories and the agent loop."""
