@@ -32,9 +32,8 @@ def test_exception_gives_output_then_its_last_line():
 
 
 def test_cpu_limit_kills_a_busy_loop():
-    start = time.monotonic()
-    result = run_python("while True:\n    pass", 20, LIMITS)
-    assert result.status == "cpu_limit" and time.monotonic() - start < 10
+    result = run_python("while True:\n    pass", 60, LIMITS)  # SIGXCPU after 1 s of CPU, long before 60 s
+    assert (result.status, result.returncode) == ("cpu_limit", -24)
 
 
 def test_memory_limit_stops_a_huge_allocation():
