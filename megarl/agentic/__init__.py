@@ -1,6 +1,2 @@
-<<<<<<< HEAD
 """Multi-turn, tool-calling rollouts that stay in token space (agent loops, tools, environments, an
 OpenAI-compatible endpoint for agent harnesses)."""
-=======
-"""Multi-turn agentic rollouts: tool calls, chat formats, trajectories and the agent loop."""
->>>>>>> tools

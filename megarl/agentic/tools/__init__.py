@@ -1,6 +1,3 @@
-<<<<<<< HEAD
-"""Tools the model calls during a multi-turn rollout."""
-=======
 """Tools for multi-turn rollouts: the Hermes tool-call parser, `ToolSet` (calls that never raise for
 a tool's fault), the built-in `calculator` and sandboxed `python`, and user tools from config."""
 
@@ -32,4 +29,3 @@ __all__ = [
     "parse_hermes",
     "truncate",
 ]
->>>>>>> tools
