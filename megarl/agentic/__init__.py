@@ -1,0 +1,1 @@
+"""Agentic (multi-turn, tool-calling) rollouts that stay in token space."""
