@@ -116,8 +116,8 @@ class Conversation:
 
     def score_turn(self, score: float) -> None:
         """A turn-level reward for the last assistant turn (`turn_scores`, placed on its last token)."""
-        assert self.traj is not None
-        self.traj.turn_scores.append(float(score))
+        assert self.traj is not None and self.traj.turn_scores, "score a turn after generating it"
+        self.traj.turn_scores[-1] = float(score)
 
     def count(self, results) -> None:
         """Count tool results (`megarl.agentic.tools.ToolResult`)."""
