@@ -177,3 +177,24 @@ def test_env_and_openai_agents_default_to_the_agents_reward(tmp_path):
     assert kept.reward.weights == {"agent_reward": 1.0, "function": 0.5}
     named = load_config(None, [*base, "reward.weights.agent_reward=0"], check_paths=False)
     assert named.reward.weights == {"agent_reward": 0.0}  # the user's choice stands
+
+
+def test_verls_multi_turn_keys_land_on_megarls(capsys):
+    verl = [
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=64",
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=interaction.yaml",
+    ]
+    cfg = load_config(None, [*BASE, *verl, "rollout.multi_turn.tools=[calculator]"], check_paths=False)
+    mt = cfg.rollout.multi_turn
+    assert (mt.enable, mt.max_assistant_turns, mt.max_tool_response_length) == (True, 3, 64)
+    assert mt.tool_response_truncate_side == "left"
+    assert (cfg.rollout.agent.default_agent_loop, cfg.rollout.agent.num_workers) == ("tool_agent", 2)
+    assert (
+        "megarl: ignoring verl's actor_rollout_ref.rollout.multi_turn.interaction_config_path=interaction.yaml: "
+        "megarl has no interaction config; an environment is rollout.multi_turn.environment"
+    ) in capsys.readouterr().err
