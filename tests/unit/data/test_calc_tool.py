@@ -13,6 +13,7 @@ import pytest
 from megarl.cli import main
 from megarl.config import load_config
 from megarl.config.schema import DataConfig, SFTMultiturnConfig
+from megarl.data.datasets import PromptDataset
 from megarl.data.sft import load_sft_examples
 from megarl.data.tasks import make_task
 from megarl.rewards import default_compute_score
@@ -83,6 +84,8 @@ def test_traces_fit_the_agentic_configs_lengths_under_the_tiny_tokenizer(tmp_pat
         prompt, whole = ids(r["messages"][:1], True), ids(r["messages"], False)
         assert len(prompt) <= cfg.data.max_prompt_length
         assert len(whole) - len(prompt) <= cfg.data.max_response_length  # calls, result and answer
+    ds = PromptDataset([str(files.train), str(files.val)], tokenizer, cfg.data.max_prompt_length)
+    assert len(ds) == 16 and ds.report.too_long == [] and not ds.report.malformed
     # every assistant turn is an SFT example (data.multiturn.enable), none dropped for length
     data = DataConfig(
         max_prompt_length=160, max_response_length=96, multiturn=SFTMultiturnConfig(enable=True)
