@@ -23,17 +23,21 @@ def register(commands: argparse._SubParsersAction) -> None:
     make.add_argument(
         "--sft-noise", type=float, default=0.0, help="fraction of SFT answers that copy the input (wrong)"
     )
+    make.add_argument(
+        "--tool-share",
+        type=float,
+        default=None,
+        help="calc_tool: fraction of SFT traces that call the calculator (default 0.5)",
+    )
     make.set_defaults(func=make_data)
 
 
 def make_data(args: argparse.Namespace) -> int:
-    from megarl.data.tasks import make_task
+    from megarl.data.tasks import CALC_TOOL, make_task
     from megarl.observe.progress import task
 
-    what = (
-        f"making {args.task}: {args.n_train} train, {args.n_val} val, {args.n_sft} sft, "
-        f"{args.n_pref} preference and kto examples"
-    )
+    what = f"making {args.task}: {args.n_train} train, {args.n_val} val, {args.n_sft} sft"
+    what += " traces" if args.task == CALC_TOOL else f", {args.n_pref} preference and kto examples"
     with task(what, stream=sys.stderr):  # stdout stays the list of files
         files = make_task(
             args.task,
@@ -44,7 +48,9 @@ def make_data(args: argparse.Namespace) -> int:
             seed=args.seed,
             n_pref=args.n_pref,
             sft_noise=args.sft_noise,
+            tool_share=args.tool_share,
         )
     for split in ("train", "val", "sft", "preference", "kto"):
-        print(f"{split:10s} {getattr(files, split)}")
+        if getattr(files, split) is not None:
+            print(f"{split:10s} {getattr(files, split)}")
     return 0

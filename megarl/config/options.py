@@ -65,6 +65,10 @@ RsLevel = Literal[
 PfPpoReweight = Literal["pow", "max_min", "max_random"]
 RolloutEngine = Literal["vllm"]
 RolloutPlacement = Literal["colocated", "separate"]  # where the engines run (megarl.trainer.rollout_pool)
+# rollout.agent.default_agent_loop (megarl.agentic): verl's names for the first two
+AgentLoop = Literal["single_turn_agent", "tool_agent", "env_agent", "openai_agent"]
+ToolCallFormat = Literal["hermes"]  # rollout.multi_turn.format: how tool calls are written (verl's default)
+TruncateSide = Literal["left", "right", "middle"]  # rollout.multi_turn.tool_response_truncate_side
 OnStale = Literal["drop", "wait"]  # what async training does with a group past async_training.max_staleness
 RewardBackend = Literal["megatron", "hf", "fsdp"]
 RoleBackend = Literal["megatron", "fsdp"]  # what trains/runs a policy or value model (megarl.fsdp)

@@ -52,7 +52,8 @@ class OffloadSpec:
 @dataclass(frozen=True)
 class RolloutSpec:
     """What the actor's rollout engine needs: the policy checkpoint, the engine and sampling settings,
-    the prompt/response lengths and the sampling seed (rollout.seed, else trainer.seed)."""
+    the prompt/response lengths and the sampling seed (rollout.seed, else trainer.seed). Multi-turn
+    rollouts read `rollout.multi_turn` and `rollout.agent` (megarl.agentic)."""
 
     model: ModelSpec
     rollout: RolloutConfig

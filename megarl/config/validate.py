@@ -13,6 +13,7 @@ from typing import Any
 
 from megarl.algorithms.estimator_traits import CRITIC_ESTIMATORS
 from megarl.algorithms.loss_traits import SEQUENCE_MEAN_LOSSES
+from megarl.config.agentic_checks import agent_reward_weights, check_multi_turn
 from megarl.config.async_checks import check_async
 from megarl.config.backend_checks import check_backends
 from megarl.config.data_files import DATA_SUFFIXES, directory_problem
@@ -41,7 +42,8 @@ __all__ = ["ConfigError", "ModelDims", "read_model_dims", "resolve_auto", "resol
 
 def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
     """`cfg` with every "None = auto" field decided (estimator, loss aggregation, which roles are enabled,
-    old log-probs, engine log-probs): `cfg` itself when none is left to decide, else a decided copy.
+    old log-probs, engine log-probs, the agent's reward weight): `cfg` itself when none is left to decide,
+    else a decided copy.
 
     The fields themselves record the decisions, so resolving a resolved config does nothing (auto runs
     once per config, wherever it is called), and a field set back to None in Python is decided again.
@@ -66,6 +68,8 @@ def resolve_auto(cfg: MegarlConfig) -> MegarlConfig:
         algo.old_log_prob = "recompute" if fused_old_log_prob_blockers(cfg) else "fused"
     if cfg.rollout.calculate_log_probs is None:
         cfg.rollout.calculate_log_probs = bool(rollout_log_prob_readers(cfg))
+    if (weights := agent_reward_weights(cfg)) is not None:  # env_agent/openai_agent: the agent's reward
+        cfg.reward.weights = weights
     return cfg
 
 
@@ -80,6 +84,7 @@ def _auto_fields(cfg: MegarlConfig) -> tuple[Any, ...]:
         cfg.reward.enable,
         algo.old_log_prob,
         cfg.rollout.calculate_log_probs,
+        None if agent_reward_weights(cfg) is not None else True,  # reward.weights.agent_reward
     )
 
 
@@ -132,6 +137,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_torchrun_colocation(cfg, problems)
     check_backends(cfg, problems, check_paths)
     check_async(cfg, problems)
+    check_multi_turn(cfg, problems, check_paths)
     if problems:
         raise ConfigError(problems)
 

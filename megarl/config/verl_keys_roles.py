@@ -224,8 +224,47 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
             "quantization_config_file",
         )
     ],
-    ignored(f"{RO}.multi_turn.*", "megarl's rollout config has no multi-turn / tool settings"),
-    ignored(f"{RO}.agent.*", "megarl's rollout config has no agent loop"),
+    # --- multi-turn rollouts with tools (megarl.agentic)
+    *[
+        maps(f"{RO}.multi_turn.{k}", f"rollout.multi_turn.{k}")
+        for k in (
+            "enable",
+            "max_assistant_turns",
+            "max_user_turns",
+            "tool_config_path",
+            "max_parallel_calls",
+            "max_tool_response_length",
+            "tool_response_truncate_side",
+        )
+    ],
+    maps(f"{RO}.multi_turn.format", "rollout.multi_turn.format", "megarl parses hermes only"),
+    ignored(
+        f"{RO}.multi_turn.interaction_config_path",
+        "megarl has no interaction config; an environment is rollout.multi_turn.environment",
+    ),
+    ignored(
+        f"{RO}.multi_turn.use_inference_chat_template",
+        "megarl trains on the token ids the engine generated (verl's false)",
+    ),
+    ignored(
+        f"{RO}.multi_turn.tokenization_sanity_check_mode",
+        "megarl never re-tokenises a conversation: the ids trained on are the engine's",
+    ),
+    ignored(f"{RO}.multi_turn.num_repeat_rollouts", "megarl samples rollout.n conversations per prompt"),
+    maps(
+        f"{RO}.agent.num_workers",
+        "rollout.agent.num_workers",
+        "verl: agent-loop processes; megarl: tool/agent threads per engine replica",
+    ),
+    maps(
+        f"{RO}.agent.default_agent_loop",
+        "rollout.agent.default_agent_loop",
+        "megarl runs one loop per run (no per-row agent_name)",
+    ),
+    ignored(
+        f"{RO}.agent.agent_loop_config_path", "megarl's loops are its own (rollout.agent.default_agent_loop)"
+    ),
+    ignored(f"{RO}.agent.custom_async_server.*", "megarl's engine runs in-process"),
     ignored(
         f"{RO}.trace.*", "megarl has no rollout tracing; validation responses: trainer.validation_data_dir"
     ),

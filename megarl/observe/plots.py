@@ -42,9 +42,11 @@ class Plot:
     ylabel: str  # with units
     curves: tuple[Curve, ...]
     log_y: bool = False
+    # also a curve for every other metric whose name starts with this (labelled by the rest of the name)
+    prefix: str | None = None
 
 
-PLOTS = (
+PLOTS: tuple[Plot, ...] = (
     Plot(
         "reward",
         "Reward",
@@ -124,6 +126,31 @@ PLOTS = (
         (Curve("rm/accuracy", "train"), Curve("val/rm/accuracy", "validation")),
     ),
 )
+# multi-turn rollouts (rollout.multi_turn, megarl.agentic): drawn when the run logged agent/ metrics, and
+# not listed as missing when it logged none
+AGENT_PREFIX = "agent/"
+AGENT_PLOTS = (
+    Plot(
+        "agent_turns",
+        "Assistant turns and tool calls per sample",
+        "per sample (mean)",
+        (Curve("agent/turns/mean", "assistant turns"), Curve("agent/tool_calls/mean", "tool calls")),
+    ),
+    Plot(
+        "tool_errors",
+        "Failed tool calls, by outcome",
+        "calls per step",
+        (),
+        prefix="agent/tool_errors/",
+    ),
+    Plot(
+        "split_samples",
+        "Conversations split into several samples",
+        "samples per step",
+        (Curve("agent/split_samples", "split samples"),),
+    ),
+)
+PLOTS = PLOTS + AGENT_PLOTS
 OFFLINE_PLOTS = (
     "sft_loss",
     "preference_loss",
@@ -141,9 +168,10 @@ def plot_run(run: Run, out_dir: Path) -> tuple[list[Path], dict[str, str]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written, missing = [], {}
     for plot in PLOTS:
-        present = [c for c in plot.curves if _finite(run.series(c.key)[1])]
+        present = [c for c in curves_of(plot, [run]) if _finite(run.series(c.key)[1])]
         if not present:
-            missing[plot.name] = _missing_reason(plot, [run])
+            if _listed_missing(plot, [run]):
+                missing[plot.name] = _missing_reason(plot, [run])
             continue
         fig, ax = _figure(plot.title, run.name)
         for i, curve in enumerate(present):
@@ -164,15 +192,17 @@ def plot_runs(runs: list[Run], out_dir: Path) -> tuple[list[Path], dict[str, str
     labels = _run_labels(runs)
     written, missing = [], {}
     for plot in PLOTS:
-        if not any(_finite(r.series(c.key)[1]) for r in runs for c in plot.curves):
-            missing[plot.name] = _missing_reason(plot, runs)
+        curves = curves_of(plot, runs)
+        if not any(_finite(r.series(c.key)[1]) for r in runs for c in curves):
+            if _listed_missing(plot, runs):
+                missing[plot.name] = _missing_reason(plot, runs)
             continue
         fig, ax = _figure(plot.title, f"{len(runs)} runs")
         for i, (run, label) in enumerate(zip(runs, labels)):
-            for j, curve in enumerate(plot.curves):
+            for j, curve in enumerate(curves):
                 steps, values = run.series(curve.key)
                 if _finite(values):
-                    name = label if len(plot.curves) == 1 else f"{label} · {curve.label}"
+                    name = label if len(curves) == 1 else f"{label} · {curve.label}"
                     _line(ax, steps, values, curve, name, color=f"C{i % 10}", style=LINESTYLES[j % 4])
         written.append(_save(fig, ax, plot, out_dir))
     if any(_stages(r) and any(stage_seconds(r).values()) for r in runs):
@@ -205,8 +235,24 @@ def _finite(values: list[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
 
+def curves_of(plot: Plot, runs: list[Run]) -> list[Curve]:
+    """The plot's curves, and one per logged metric under its prefix (sorted by name)."""
+    curves = list(plot.curves)
+    if plot.prefix:
+        keys = sorted({k for r in runs for k in r.keys() if k.startswith(plot.prefix)})
+        curves += [Curve(k, k[len(plot.prefix) :]) for k in keys]
+    return curves
+
+
+def _listed_missing(plot: Plot, runs: list[Run]) -> bool:
+    """Whether a plot without data is named in the report: an agent plot only in runs with agent metrics."""
+    if plot not in AGENT_PLOTS:
+        return True
+    return any(k.startswith(AGENT_PREFIX) for r in runs for k in r.keys())
+
+
 def _missing_reason(plot: Plot, runs: list[Run]) -> str:
-    keys = " or ".join(c.key for c in plot.curves)
+    keys = " or ".join([c.key for c in plot.curves] + ([f"{plot.prefix}<name>"] if plot.prefix else []))
     logged = any(r.has(c.key) for r in runs for c in plot.curves)
     return f"{keys}: only non-finite values" if logged else f"no {keys} in metrics.jsonl"
 

@@ -154,6 +154,10 @@ class ProgressLog:
         parts += [f"{label} {_number(m[key])}" for key, label in _CONSOLE if key in m]
         if "response_length/mean" in m:
             parts.append(f"resp {m['response_length/mean']:.1f} tok")
+        if "agent/turns/mean" in m:  # multi-turn rollouts (megarl.agentic)
+            parts.append(f"turns {m['agent/turns/mean']:.2f}")
+        if "agent/tool_calls/mean" in m:
+            parts.append(f"tools {m['agent/tool_calls/mean']:.2f}")
         if "throughput/tokens_per_s" in m:
             parts.append(f"{m['throughput/tokens_per_s']:.0f} tok/s")
         if "step_seconds" in m:

@@ -17,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from megarl.observe.plots import PLOT_NAMES, PLOTS, TIMING_NAME, plot_run, plot_runs, stage_seconds
+from megarl.observe.plots import (
+    AGENT_PREFIX,
+    PLOT_NAMES,
+    PLOTS,
+    TIMING_NAME,
+    plot_run,
+    plot_runs,
+    stage_seconds,
+)
 from megarl.observe.progress import format_duration
 from megarl.observe.run_files import CONFIG, METRICS, RUN_INFO, Run, read_run
 
@@ -75,6 +83,8 @@ def single_report(run: Run, plots: list[Path], missing: dict[str, str]) -> str:
     lines += [f"| {k} | {v} |" for k, v in totals(run).items()]
     lines += ["", "## Validation", ""] + _validation_section(run)
     lines += ["", "## Time per stage", ""] + _stage_table(run)
+    if agent := _agent_section(run):
+        lines += ["", "## Multi-turn rollouts", ""] + agent
     lines += ["", "## Plots", ""]
     for png in plots:
         lines += [f"![{_TITLES.get(png.stem, png.stem)}]({png.name})", ""]
@@ -198,6 +208,28 @@ def _first_and_last(run: Run, keys: list[str]) -> list[str]:
         if points:
             val = {"first": points[0], "last": points[-1]}
             lines.append(f"| {key} | {_at_step(val, 'first')} | {_at_step(val, 'last')} |")
+    return lines
+
+
+def _agent_section(run: Run) -> list[str]:
+    """The agent/ metrics of a multi-turn run (turns, tool calls, tool errors by outcome, split samples):
+    first, last and mean over the training steps; [] for a run without them."""
+    keys = sorted(k for k in run.keys() if k.startswith(AGENT_PREFIX))
+    if not keys:
+        return []
+    lines = ["| metric | first | last | mean over steps |", "|---|---|---|---:|"]
+    for key in keys:
+        points = [(s, v) for s, v in zip(*run.series(key, train_only=True)) if math.isfinite(v)]
+        if points:
+            val = {"first": points[0], "last": points[-1]}
+            mean = sum(v for _, v in points) / len(points)
+            lines.append(f"| {key} | {_at_step(val, 'first')} | {_at_step(val, 'last')} | {_num(mean)} |")
+    lines += [
+        "",
+        "turns and tool calls are per sample; agent/tool_errors/<outcome> counts a step's failed tool calls "
+        "(the model read an error message instead of a result); agent/split_samples counts the extra "
+        "samples of conversations split because an agent's next request did not extend their tokens.",
+    ]
     return lines
 
 

@@ -17,7 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from megarl.errors import EXIT_USAGE, MegarlError
-from megarl.rewards import code_tests, countdown, digits, gsm8k, math_boxed, math_dapo, numina, qa_em
+from megarl.rewards import (
+    calc_tool,
+    code_tests,
+    countdown,
+    digits,
+    gsm8k,
+    math_boxed,
+    math_dapo,
+    numina,
+    qa_em,
+)
 
 RewardFn = Callable[..., float | dict[str, Any]]
 
@@ -124,6 +134,13 @@ def _countdown(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> float:
     return countdown.compute_score(solution_str, _truth(ground_truth, data_source))
+
+
+@register_reward("calc_tool")
+def _calc_tool(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float:
+    return calc_tool.compute_score(solution_str, _truth(ground_truth, data_source))
 
 
 @register_reward("megarl/digits_sort", "megarl/digits_reverse", "megarl/digits_add")

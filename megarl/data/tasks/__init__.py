@@ -18,6 +18,9 @@ Problems whose copied digits are the answer (a palindrome reversed, sorted digit
 the preference and KTO files: there the wrong answer would be right.
 
 Val problems never occur in the other files; everything is reproducible from `seed`.
+
+`calc_tool` (megarl.data.tasks.calc_tool) is the tool-calling task: train, val and a multi-turn SFT file
+of calculator traces, no preference or KTO file.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megarl.data.tasks.calc_tool import DATA_SOURCE as CALC_TOOL
+from megarl.data.tasks.calc_tool import make_calc_tool
 from megarl.data.tasks.digits import GENERATORS, Problem
 
-TASKS = sorted(GENERATORS)
+DIGIT_TASKS = sorted(GENERATORS)
+TASKS = sorted([*DIGIT_TASKS, CALC_TOOL])
 COPYABLE = ("digits_reverse", "digits_sort")  # tasks whose prompt ends with the digit list to transform
 
 
@@ -52,8 +58,8 @@ class TaskFiles:
     train: Path
     val: Path
     sft: Path
-    preference: Path
-    kto: Path
+    preference: Path | None  # None: the task has no preference pairs (calc_tool)
+    kto: Path | None
 
 
 def make_task(
@@ -65,6 +71,7 @@ def make_task(
     seed: int = 0,
     n_pref: int = 1024,
     sft_noise: float = 0.0,
+    tool_share: float | None = None,
 ) -> TaskFiles:
     """Generate task `name` (one of `TASKS`) into `out_dir`; returns the five file paths. The preference
     and KTO files hold `n_pref` rows each.
@@ -72,15 +79,24 @@ def make_task(
     `sft_noise` is the fraction of warm-start pairs whose response is wrong in a plausible way: the
     prompt's digits copied unchanged (list tasks only). A model fine-tuned on them answers right only
     part of the time, which is the imperfect starting point RL with a verifiable reward improves on.
+    `tool_share` (calc_tool only; None = 0.5) is the share of SFT traces that call the calculator.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if name not in GENERATORS:
+    if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; use one of {', '.join(TASKS)}")
     for key, n in (("n_train", n_train), ("n_val", n_val), ("n_sft", n_sft), ("n_pref", n_pref)):
         if n < 1:
             raise ValueError(f"{key}={n} must be ≥ 1")
+    if name == CALC_TOOL:
+        if sft_noise:
+            raise ValueError(f"sft_noise needs a list task ({', '.join(COPYABLE)}), not {name!r}")
+        share = 0.5 if tool_share is None else tool_share
+        train_file, val_file, sft_file = make_calc_tool(out_dir, n_train, n_val, n_sft, seed, share)
+        return TaskFiles(train_file, val_file, sft_file, None, None)
+    if tool_share is not None:
+        raise ValueError(f"tool_share is a setting of {CALC_TOOL}, not of {name!r}")
     generate = GENERATORS[name]
     rng = random.Random(f"{name}:{seed}")
     val = _unique(generate, rng, n_val, exclude=set())

@@ -8,7 +8,7 @@ import pytest
 from megarl.config.schema import DataConfig
 from megarl.data.datasets import PromptDataset
 from megarl.data.preference import load_kto_examples, load_preference_pairs
-from megarl.data.tasks import TASKS, make_task
+from megarl.data.tasks import DIGIT_TASKS, make_task
 from megarl.rewards import default_compute_score
 
 pytestmark = pytest.mark.unit
@@ -22,7 +22,7 @@ def solve(task: str, prompt: str) -> str:
     return "".join(sorted(digits)) if task == "digits_sort" else digits[::-1]
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", DIGIT_TASKS)
 def test_task_files_are_verl_schema_short_and_correct(tmp_path, tokenizer, task):
     files = make_task(task, tmp_path, n_train=200, n_val=40, n_sft=100, seed=3)
     train, val = pq.read_table(files.train).to_pylist(), pq.read_table(files.val).to_pylist()
@@ -57,7 +57,7 @@ def test_task_files_are_verl_schema_short_and_correct(tmp_path, tokenizer, task)
     assert PromptDataset([str(files.sft)], tokenizer, 24)[0].prompt_ids == rl_ids
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", DIGIT_TASKS)
 def test_ground_truth_scores_one_and_a_wrong_answer_zero(tmp_path, task):
     row = pq.read_table(make_task(task, tmp_path, n_train=4, n_val=4, n_sft=4).val).to_pylist()[0]
     truth = row["reward_model"]["ground_truth"]
@@ -65,7 +65,7 @@ def test_ground_truth_scores_one_and_a_wrong_answer_zero(tmp_path, task):
     assert default_compute_score(row["data_source"], truth + "0", truth) == 0.0
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", DIGIT_TASKS)
 def test_preference_and_kto_files_pair_the_answer_with_a_plausible_wrong_one(tmp_path, tokenizer, task):
     files = make_task(task, tmp_path, n_train=20, n_val=40, n_sft=20, seed=3, n_pref=200)
     val = {r["prompt"][0]["content"] for r in pq.read_table(files.val).to_pylist()}
@@ -108,6 +108,7 @@ def test_same_seed_same_files_other_seed_differs(tmp_path):
 
 def test_unknown_task_lists_the_known_ones(tmp_path):
     with pytest.raises(
-        ValueError, match="unknown task 'digits_mul'; use one of digits_add, digits_reverse, digits_sort"
+        ValueError,
+        match="unknown task 'digits_mul'; use one of calc_tool, digits_add, digits_reverse, digits_sort",
     ):
         make_task("digits_mul", tmp_path)

@@ -36,6 +36,14 @@ def test_console_line_and_jsonl_record_every_step(tmp_path):
     assert [r["step"] for r in records] == [1, 2] and records[0]["reward/mean"] == 0.5
 
 
+def test_a_multi_turn_step_shows_turns_and_tool_calls(tmp_path):
+    log = ProgressLog(tmp_path, total_steps=4, backends=["console"], stream=io.StringIO())
+    metrics = {"reward/mean": 0.5, "response_length/mean": 40.0, "agent/turns/mean": 1.75}
+    assert log.line(1, {**metrics, "agent/tool_calls/mean": 0.8125}) == (
+        "step 1/4 | reward 0.500 ±0 | resp 40.0 tok | turns 1.75 | tools 0.81"
+    )
+
+
 def test_no_console_backend_prints_nothing_and_durations_read_naturally(tmp_path):
     out = io.StringIO()
     (tmp_path / "metrics.jsonl").write_text('{"step": 7}\n')  # an earlier run's: a new run starts afresh

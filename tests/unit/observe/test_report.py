@@ -15,7 +15,7 @@ from megarl.cli import main
 from megarl.config import config_to_yaml
 from megarl.config.schema import MegarlConfig
 from megarl.observe.machine import role_layouts
-from megarl.observe.plots import OFFLINE_PLOTS, PLOT_NAMES
+from megarl.observe.plots import AGENT_PLOTS, OFFLINE_PLOTS, PLOT_NAMES
 from megarl.observe.report import try_write_report, write_report
 from megarl.observe.run_files import read_run, write_run_files
 from tests.helpers.run_files import image_stats
@@ -29,7 +29,8 @@ UPDATE_ACTOR = 2.0  # seconds of the last stage; each step also spends OTHER out
 OTHER = 0.25
 VALIDATE = 1.5
 NAN_STEP = 7  # actor/entropy is "nan" there
-FULL_PLOTS = set(PLOT_NAMES) - set(OFFLINE_PLOTS)  # an RL run's
+AGENT_NAMES = {p.name for p in AGENT_PLOTS}
+FULL_PLOTS = set(PLOT_NAMES) - set(OFFLINE_PLOTS) - AGENT_NAMES  # a single-turn RL run's
 
 
 def quickstart_config(tmp: Path) -> MegarlConfig:
@@ -77,10 +78,27 @@ def step_record(step: int, scale: float = 1.0) -> dict:
     return r
 
 
-def write_run(run_dir: Path, scale: float = 1.0, finished: bool = True, cut_last_line: bool = False) -> Path:
+def agent_record(step: int) -> dict:
+    """The agent/ metrics of a multi-turn step (megarl.agentic): the tool called more as training goes on."""
+    if step == 0:
+        return {}
+    t = step / STEPS
+    return {
+        "agent/turns/mean": 1.5 + 0.4 * t,
+        "agent/tool_calls/mean": 0.5 + 0.4 * t,
+        "agent/tool_errors/malformed": float(4 - step // 4),
+        "agent/tool_errors/timeout": float(step % 2),
+        "agent/split_samples": float(step % 3),
+    }
+
+
+def write_run(
+    run_dir: Path, scale: float = 1.0, finished: bool = True, cut_last_line: bool = False, agent: bool = False
+) -> Path:
     """A run directory as RLTrainer leaves it (config.yaml, run_info.json, metrics.jsonl, summary.json)."""
     write_run_files(quickstart_config(run_dir), run_dir)
-    lines = [json.dumps(step_record(step, scale)) for step in range(STEPS + 1)]
+    records = [step_record(step, scale) | (agent_record(step) if agent else {}) for step in range(STEPS + 1)]
+    lines = [json.dumps(r) for r in records]
     text = "\n".join(lines) + "\n"
     if cut_last_line:
         text += lines[-1][: len(lines[-1]) // 2]  # a step being written when the run died
@@ -144,6 +162,8 @@ def test_report_states_validation_totals_and_stage_shares(full_run):
     for name in FULL_PLOTS - {"value_loss"}:
         assert f"]({name}.png)" in text
     assert "- value_loss: no critic/value_loss in metrics.jsonl" in text
+    assert "agent_turns" not in text and "tool_errors" not in text  # a single-turn run: no agent plots named
+    assert "## Multi-turn rollouts" not in text
     assert "```yaml\nmodel:" in text and "| actor | tp1xpp1xdp2 | 2 |" in text and "logical CPUs" in text
 
 
@@ -212,3 +232,28 @@ def test_run_files_hold_the_resolved_config_and_the_layout_per_role(tmp_path):
     assert info["layout"] == role_layouts(cfg) and info["layout"]["actor"]["dp"] == 2
     assert info["machine"]["logical_cpus"] >= 1 and "torch" in info["machine"]["versions"]
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_multi_turn_run_gets_turn_tool_and_split_plots_and_a_section(tmp_path):
+    """Only the agent/ metrics are logged (the other plots are the full run's tests): cheap to draw."""
+    run_dir = tmp_path / "agentic"
+    run_dir.mkdir()
+    lines = [json.dumps({"step": s} | agent_record(s)) for s in range(STEPS + 1)]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    text = write_report([run_dir]).read_text()
+    pngs = {p.stem: p for p in (run_dir / "report").glob("*.png")}
+    assert set(pngs) == AGENT_NAMES
+    for name in AGENT_NAMES:
+        size, colors, std = image_stats(pngs[name])
+        assert colors > 50 and std > 10, f"{name}.png looks blank"
+        assert f"]({name}.png)" in text
+    assert "## Multi-turn rollouts" in text
+    assert "| agent/turns/mean | 1.533 (step 1) | 1.9 (step 12) | 1.717 |" in text
+    assert "| agent/tool_calls/mean | 0.5333 (step 1) | 0.9 (step 12) | 0.7167 |" in text
+    assert "| agent/tool_errors/malformed | 4 (step 1) | 1 (step 12) | 2.75 |" in text
+    assert "| agent/split_samples | 1 (step 1) | 0 (step 12) | 1 |" in text
+    other = tmp_path / "single_turn"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "agent/turns/mean": 1.0}) + "\n")
+    path = write_report([run_dir, other])  # the comparison draws what either run logged
+    assert {p.stem for p in path.parent.glob("*.png")} == AGENT_NAMES
