@@ -164,7 +164,7 @@ def _check_defined(key: str, value: str, kind: str, check_paths: bool, problems:
             if lacking:
                 problems.append(
                     f"{key}={value}: class {name} in {path} has no {' and no '.join(lacking)} method; an "
-                    "environment needs reset(sample) -> observation and step(action_text) -> "
+                    "environment needs reset(sample) and step(action_text) -> "
                     "(observation, reward, done)"
                 )
 

@@ -341,7 +341,7 @@ class MultiTurnConfig:
     # (verl's default; verl also has llama3_json and others, megarl only hermes so far)
     format: ToolCallFormat = "hermes"
     # megarl only: the environment of default_agent_loop=env_agent, "file.py:ClassName", a class with
-    # reset(sample) -> observation text and step(action_text) -> (observation, reward, done). verl's
+    # reset(sample) (its return value is not used) and step(action_text) -> (observation, reward, done). verl's
     # nearest is interaction_config_path (megarl has none)
     environment: str | None = None
 
@@ -364,6 +364,9 @@ class AgentConfig:
     # megarl only: "file.py:agent", an `async def agent(client, sample) -> float` whose client is an
     # openai.AsyncOpenAI talking to the engine; its return value is the sample's agent_reward
     agent_function: str | None = None
+    # megarl only: seconds one agent_function call (a whole conversation) may take; past it the agent is
+    # cancelled, its sample keeps the tokens so far with agent_reward 0, counted in agent/tool_errors/agent_error
+    timeout_s: float = 600.0
 
 
 @dataclass

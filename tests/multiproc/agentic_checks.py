@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from megarl.agentic.chat_format import ChatFormat
 from megarl.config.roles import rollout_spec
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
@@ -57,7 +58,7 @@ def spec(model: str, tokenizer: str):
 def prompt_batch(tokenizer) -> Batch:
     """Prompts as the dataset gives them: rendered ids (left-padded) and the raw messages."""
     raw = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in raw]
+    ids = [ChatFormat(tokenizer).prompt_ids(m) for m in raw]
     prompts = torch.zeros(len(raw), PROMPT, dtype=torch.long)
     mask = torch.zeros(len(raw), PROMPT, dtype=torch.long)
     for i, row in enumerate(ids):

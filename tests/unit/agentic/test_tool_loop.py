@@ -16,13 +16,14 @@ import torch
 
 from megarl.agentic.metrics import agent_metrics
 from megarl.agentic.multi_turn import MultiTurnRollout
+from megarl.agentic.chat_format import ChatFormat
 from megarl.config.roles import rollout_spec
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
 from megarl.rollout.base import Sample, rollout_batch
 
 FAULTY = "tests/helpers/faulty_tools.py:calculator"
-PROMPT, RESPONSE = 32, 160
+PROMPT, RESPONSE = 32, 400
 
 
 def call(name: str, **arguments) -> str:
@@ -107,7 +108,7 @@ def spec(tokenizer_dir, **multi_turn):
 
 def prompts(tokenizer) -> Batch:
     raw = [[{"role": "user", "content": f"question {i}"}] for i in range(len(FIRST_TURNS))]
-    ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in raw]
+    ids = [ChatFormat(tokenizer).prompt_ids(m) for m in raw]
     p = torch.zeros(len(raw), PROMPT, dtype=torch.long)
     mask = torch.zeros_like(p)
     for i, row in enumerate(ids):
