@@ -350,13 +350,15 @@ def build_rl_dataflow(
         stages.append(remax_baseline_stage(roles.actor, lambda: scoring_stages(flow)))
     with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
     if pool is not None:
-        stages.append(pool_generate_stage(pool, with_rollout))
+        generate = pool_generate_stage(pool, with_rollout)
     else:
-        stages.append(generate_stage(roles.actor, with_rollout))
+        generate = generate_stage(roles.actor, with_rollout)
+    stages.append(generate)
     if roles.reward_model is not None:
         stages.append(reward_model_stage(roles.reward_model))
     stages.append(reward_stage(reward, roles.reward_model is not None))
-    stages.append(token_rewards_stage())
+    # a multi-turn rollout's turn scores train when its generate stage writes them
+    stages.append(token_rewards_stage(turn_rewards=Col.TURN_REWARDS in generate.writes))
     if algo.filter_groups.enable:
         if more_prompts is None:
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")
