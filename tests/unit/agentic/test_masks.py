@@ -9,17 +9,19 @@ positions must be 0, and changing what sits there (log-probs, values, rewards) c
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from megarl.algorithms.policy_loss import POLICY_LOSSES
+from megarl.config import load_config
 from megarl.config.schema import MegarlConfig, OverlongBufferConfig, RewardModelConfig
 from megarl.config.schema_algorithm import AlgorithmConfig
 from megarl.protocol import Batch, Col
 from megarl.rewards import RewardComputer
 from megarl.trainer.dataflow import DataflowError, StepContext
-from megarl.trainer.rl_stages import advantages_stage, old_log_prob_stage
+from megarl.trainer.rl_stages import advantages_stage, build_rl_dataflow, old_log_prob_stage
 from megarl.trainer.rl_trainer import batch_statistics
 from megarl.trainer.scoring import TurnRewardsError, token_rewards_stage
 from megarl.workers.actor_loss import policy_objective
@@ -257,6 +259,18 @@ def test_turn_rewards_the_stage_was_not_built_for_or_on_a_given_token_are_refuse
         out[Col.TOKEN_LEVEL_SCORES],
         scatter([[0.0] * (len(g) - 1) + [float(s)] for g, s in zip(GENERATED, SCORES)]),
     )
+
+
+def test_a_multi_turn_graph_declares_the_turn_rewards_it_places():
+    cfg = load_config(None, ["algorithm.name=grpo", "rollout.n=4"], check_paths=False)
+    if not hasattr(cfg.rollout, "multi_turn"):
+        pytest.skip("rollout.multi_turn comes with the config part of issue 43")
+    roles = SimpleNamespace(actor=object(), ref=None, critic=None, reward_model=None)
+    plain, _ = build_rl_dataflow(cfg, roles, RewardComputer.from_config(cfg, None))
+    assert Col.TURN_REWARDS not in plain["token_rewards"].reads
+    cfg.rollout.multi_turn.enable = True
+    flow, _ = build_rl_dataflow(cfg, roles, RewardComputer.from_config(cfg, None))
+    assert Col.TURN_REWARDS in flow["generate"].writes and Col.TURN_REWARDS in flow["token_rewards"].reads
 
 
 # ---------------------------------------------------------------------------------------------------------
