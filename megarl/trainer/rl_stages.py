@@ -352,9 +352,7 @@ def build_rl_dataflow(
     if algo.adv_estimator == "remax":
         stages.append(remax_baseline_stage(roles.actor, lambda: scoring_stages(flow)))
     with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
-    # a multi-turn rollout writes each turn's score (turn_rewards). getattr: rollout.multi_turn comes with
-    # the config part of issue 43; read it directly once that is in
-    multi_turn = bool(getattr(getattr(cfg.rollout, "multi_turn", None), "enable", False))
+    multi_turn = cfg.rollout.multi_turn.enable  # the rollout writes each turn's score (turn_rewards)
     if pool is not None:
         generate = pool_generate_stage(pool, with_rollout, multi_turn)
     else:

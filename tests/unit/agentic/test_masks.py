@@ -263,8 +263,6 @@ def test_turn_rewards_the_stage_was_not_built_for_or_on_a_given_token_are_refuse
 
 def test_a_multi_turn_graph_declares_the_turn_rewards_it_places():
     cfg = load_config(None, ["algorithm.name=grpo", "rollout.n=4"], check_paths=False)
-    if not hasattr(cfg.rollout, "multi_turn"):
-        pytest.skip("rollout.multi_turn comes with the config part of issue 43")
     roles = SimpleNamespace(actor=object(), ref=None, critic=None, reward_model=None)
     plain, _ = build_rl_dataflow(cfg, roles, RewardComputer.from_config(cfg, None))
     assert Col.TURN_REWARDS not in plain["token_rewards"].reads
