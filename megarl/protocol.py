@@ -101,6 +101,10 @@ class Col:
     # [n] long: the oldest weights version among the row's tokens (training steps done: a separate rollout
     # pool, megarl.workers.rollout_worker; the colocated engine always runs the current weights)
     ROLLOUT_VERSION = "rollout_version"
+    # Multi-turn rollouts (rollout.multi_turn) only. [n, R] fp32: each assistant turn's score on that turn's
+    # last generated token, 0 elsewhere (never on a given token); the token_rewards stage adds it to the
+    # sequence's score in token_level_scores
+    TURN_REWARDS = "turn_rewards"
 
     # The workers; per-token values are 0 where response_mask is 0.
     OLD_LOG_PROBS = "old_log_probs"  # [n, R] fp32: the actor's log-probs before the update (log_prob)
@@ -114,7 +118,8 @@ class Col:
     # The driver (megarl.algorithms on the whole batch).
     SCORES = "scores"  # [n] fp32: each sequence's reward (the trainer's reward stage)
     BASELINE_SCORES = "baseline_scores"  # [n] fp32: ReMax's greedy-response score of the sample's prompt
-    TOKEN_LEVEL_SCORES = "token_level_scores"  # [n, R] fp32: each sequence's score on its last token
+    # [n, R] fp32: each sequence's score on its last generated token (response_mask 1), plus turn_rewards
+    TOKEN_LEVEL_SCORES = "token_level_scores"
     # [n, R] fp32: truncated IS weights old / rollout of each token (algorithm.rollout_correction.rollout_is)
     ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
     TOKEN_LEVEL_REWARDS = "token_level_rewards"  # [n, R] fp32: the scores less the in-reward KL penalty

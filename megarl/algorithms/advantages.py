@@ -138,8 +138,9 @@ def remax(token_rewards: torch.Tensor, baseline_scores: torch.Tensor, mask: torc
 
 
 def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token rewards [batch, len]: each sequence's score on its last real token, 0 elsewhere (a row
-    without real tokens gets nothing)."""
+    """Token rewards [batch, len]: each sequence's score on its last masked token, 0 elsewhere (a row
+    without masked tokens gets nothing). With the response_mask that is the last generated token, also
+    where a multi-turn response ends with tool output."""
     positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
     last = torch.where(mask > 0, positions, -1).max(dim=-1).values
     rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)

@@ -1,6 +1,7 @@
 """Per-token placement shared by the advantage estimators: a sequence's value on each of its response
 tokens, discounted returns-to-go, and 0 on padding. Tensors are [batch, response_len] with a `mask` of
-the same shape (1 = real response token)."""
+the same shape (1 = real response token: a generated one; a multi-turn response's tool outputs and user
+turns are 0, holes that the recursions step over without resetting)."""
 
 from __future__ import annotations
 

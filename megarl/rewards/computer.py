@@ -12,7 +12,8 @@ The reward of a response is the weighted sum (`reward.weights`, default 1.0 each
   rm         the reward model's `rm_scores` column, when the batch has one (a reward worker wrote it)
   <column>   any other name in reward.weights: the batch's [n] tensor column of that name
 
-plus DAPO's overlong penalty when `reward.overlong_buffer.enable`. The function runs in reward worker
+plus DAPO's overlong penalty when `reward.overlong_buffer.enable`, on the response's length in generated
+tokens (response_mask 1: a multi-turn response's tool outputs and user turns do not count). The function runs in reward worker
 processes (`megarl.rewards.pool`; `reward.workers`), each call within `reward.timeout_s`. A row whose call
 raises, calls `sys.exit`/`os._exit`, crashes its process, times out or returns no finite number scores 0
 for the term and counts in `reward/errors`; the first failure is logged once per RewardComputer, with its
@@ -188,7 +189,9 @@ class RewardComputer:
 
     def response_texts(self, batch: Batch) -> list[str]:
         """Each row's response as text: the `response_text` column, else the decoded response tokens
-        (special tokens such as EOS dropped, as verl decodes them)."""
+        (special tokens such as EOS dropped, as verl decodes them). Only the generated ones (response_mask):
+        in a multi-turn response the tool outputs are left out, so a tool's result cannot pass for the
+        model's answer (verl's reward managers decode them with the rest)."""
         if "response_text" in batch.non_tensors:
             return [str(t) for t in batch["response_text"]]
         if self.tokenizer is None:
@@ -380,6 +383,7 @@ def _response_mask(batch: Batch) -> torch.Tensor:
 
 
 def _response_lengths(batch: Batch) -> torch.Tensor:
+    """Each response's generated tokens: the overlong penalty's length."""
     if "responses" in batch.tensors.keys():
         return _response_mask(batch).sum(dim=1)
     raise ValueError("the overlong penalty needs response lengths: a responses/response_mask column")

@@ -78,8 +78,9 @@ def role_metrics(role: str, metrics: dict[str, float] | list[dict[str, float]]) 
     return out
 
 
-def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
-    """The rollouts, with the engine's log-probs when `log_probs` (rollout.calculate_log_probs)."""
+def generate_stage(actor: ActorGroup, log_probs: bool = False, multi_turn: bool = False) -> Stage:
+    """The rollouts, with the engine's log-probs when `log_probs` (rollout.calculate_log_probs) and the
+    turns' scores (`turn_rewards`) when `multi_turn` (rollout.multi_turn.enable)."""
 
     def generate(ctx: StepContext, prompts: Batch) -> Batch:
         out = actor.generate(prompts, validate=ctx.validate)
@@ -98,13 +99,14 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False) -> Stage:
         return out
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())
+    writes += (Col.TURN_REWARDS,) if multi_turn else ()
     # each prompt's columns carried to its samples (the mask extended over the response): what was
     # derived from the prompts (ReMax's baseline) holds for the samples
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
     return Stage("generate", generate, reads=PROMPT_COLUMNS, writes=writes, new_rows=True, refines=refines)
 
 
-def pool_generate_stage(pool: RolloutPool, log_probs: bool = False) -> Stage:
+def pool_generate_stage(pool: RolloutPool, log_probs: bool = False, multi_turn: bool = False) -> Stage:
     """rollout.placement=separate: the step's rollouts from the engines' own pool — generated ahead while
     the actor trained, within async_training.max_staleness versions (megarl.trainer.rollout_pool)."""
 
@@ -116,6 +118,7 @@ def pool_generate_stage(pool: RolloutPool, log_probs: bool = False) -> Stage:
         return batch
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ()) + (Col.ROLLOUT_VERSION,)
+    writes += (Col.TURN_REWARDS,) if multi_turn else ()
     if pool.partial:  # each token's version (a response may span syncs)
         writes += (Col.ROLLOUT_TOKEN_VERSIONS,)
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
@@ -349,14 +352,17 @@ def build_rl_dataflow(
     if algo.adv_estimator == "remax":
         stages.append(remax_baseline_stage(roles.actor, lambda: scoring_stages(flow)))
     with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
+    multi_turn = cfg.rollout.multi_turn.enable  # the rollout writes each turn's score (turn_rewards)
     if pool is not None:
-        stages.append(pool_generate_stage(pool, with_rollout))
+        generate = pool_generate_stage(pool, with_rollout, multi_turn)
     else:
-        stages.append(generate_stage(roles.actor, with_rollout))
+        generate = generate_stage(roles.actor, with_rollout, multi_turn)
+    stages.append(generate)
     if roles.reward_model is not None:
         stages.append(reward_model_stage(roles.reward_model))
     stages.append(reward_stage(reward, roles.reward_model is not None))
-    stages.append(token_rewards_stage())
+    # the turns' scores train when the generate stage writes them
+    stages.append(token_rewards_stage(turn_rewards=Col.TURN_REWARDS in generate.writes))
     if algo.filter_groups.enable:
         if more_prompts is None:
             raise ValueError("algorithm.filter_groups needs a prompt source (more_prompts) to generate more")

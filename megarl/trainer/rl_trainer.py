@@ -406,7 +406,9 @@ def write_samples(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def batch_statistics(batch: Batch) -> dict[str, float]:
-    """reward/*, response_length/*, finish-reason shares of one step's rollout batch."""
+    """reward/*, response_length/*, finish-reason shares of one step's rollout batch. A response's length
+    is its generated tokens (response_mask): a multi-turn response's tool outputs and user turns are not
+    counted; response_length/clip_ratio is the share of responses that ended at the token limit."""
     scores = batch["scores"].float()
     lengths = batch["response_mask"].sum(-1).float()
     out = {

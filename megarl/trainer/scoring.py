@@ -4,8 +4,8 @@ than the step's own rollouts (ReMax's greedy baseline, DAPO's extra batches; val
 
     generate → reward_model? → reward → [stages a user inserts] → token_rewards → filter_groups? → …
 
-`reward` writes each sequence's `scores`; `token_rewards` places them on each response's last token,
-where the advantages start. The stages between generate and token_rewards are the scoring: a stage
+`reward` writes each sequence's `scores`; `token_rewards` places them on each response's last generated
+token (adding a multi-turn rollout's `turn_rewards`), where the advantages start. The stages between generate and token_rewards are the scoring: a stage
 inserted there changes what trains. `rl_stages.build_rl_dataflow` assembles them with the other stages.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import torch
 
 from megarl.algorithms.advantages import scores_to_token_rewards
 from megarl.config.schema import MegarlConfig
@@ -65,16 +67,52 @@ def reward_stage(reward: RewardComputer, with_rm: bool) -> Stage:
     return Stage("reward", score, reads=reward.reads(with_rm), writes=(Col.SCORES,))
 
 
-def token_rewards_stage() -> Stage:
-    """Each sequence's score placed on its response's last token: the token rewards the advantages
-    start from, so a stage that changes `scores` must run before this one to reach the update."""
+def token_rewards_stage(turn_rewards: bool = False) -> Stage:
+    """Each sequence's score placed on its response's last generated token (response_mask 1: a multi-turn
+    response may end with tool output): the token rewards the advantages start from, so a stage that
+    changes `scores` must run before this one to reach the update. `turn_rewards`: the batch has the
+    multi-turn rollout's `turn_rewards` column, each turn's score on its last generated token, added in."""
 
     def place(ctx: StepContext, batch: Batch) -> dict:
-        scores = batch[Col.SCORES].float()
-        return {Col.TOKEN_LEVEL_SCORES: scores_to_token_rewards(scores, batch[Col.RESPONSE_MASK])}
+        mask = batch[Col.RESPONSE_MASK]
+        rewards = scores_to_token_rewards(batch[Col.SCORES].float(), mask)
+        if Col.TURN_REWARDS in batch:
+            if not turn_rewards:
+                raise DataflowError(
+                    f"the batch has a {Col.TURN_REWARDS!r} column, but stage 'token_rewards' was built without "
+                    "it, so the turns' scores would not train: declare the column in the writes of the stage "
+                    "that produces it and replace the stage: flow.replace('token_rewards', "
+                    "token_rewards_stage(turn_rewards=True))"
+                )
+            rewards = rewards + checked_turn_rewards(batch[Col.TURN_REWARDS].float(), mask)
+        return {Col.TOKEN_LEVEL_SCORES: rewards}
 
-    reads = (Col.SCORES, Col.RESPONSE_MASK)
+    reads = (Col.SCORES, Col.RESPONSE_MASK) + ((Col.TURN_REWARDS,) if turn_rewards else ())
     return Stage("token_rewards", place, reads=reads, writes=(Col.TOKEN_LEVEL_SCORES,))
+
+
+class TurnRewardsError(MegarlError, ValueError):
+    """A multi-turn rollout put a turn's score where no generated token is."""
+
+
+def checked_turn_rewards(turn_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`turn_rewards` [n, R], refused when a value sits on a given token (response_mask 0): the advantage
+    estimators skip those tokens, so the score would silently not train."""
+    if turn_rewards.shape != mask.shape:
+        raise TurnRewardsError(
+            f"{Col.TURN_REWARDS} has shape {tuple(turn_rewards.shape)}, the response_mask "
+            f"{tuple(mask.shape)}: one value per response token"
+        )
+    misplaced = torch.nonzero((turn_rewards != 0) & (mask <= 0))
+    if len(misplaced):
+        row, column = misplaced[0].tolist()
+        more = f" (and {len(misplaced) - 1} more)" if len(misplaced) > 1 else ""
+        raise TurnRewardsError(
+            f"{Col.TURN_REWARDS} holds {float(turn_rewards[row, column]):g} at row {row}, response position "
+            f"{column}{more}, a given token (response_mask 0: tool output, user turn or padding); a turn's "
+            "score belongs on the turn's last generated token (Trajectory.turn_ends)"
+        )
+    return turn_rewards
 
 
 def scoring_stages(flow: Dataflow) -> list[Stage]:

@@ -27,15 +27,13 @@ import torch
 
 from megarl.algorithms.aggregate import aggregate
 from megarl.algorithms.estimator_traits import ESTIMATOR_TRAITS
-from megarl.algorithms.kl import kl_penalty
-from megarl.algorithms.loss_traits import LOSS_PARAMS
-from megarl.algorithms.policy_loss import POLICY_LOSSES, entropy_bonus
 from megarl.algorithms.preference_terms import BatchCounts, PreferenceSettings
 from megarl.config.roles import RoleSpec, RolloutSpec
 from megarl.config.schema import AlgorithmConfig
 from megarl.controller.dispatch import Dispatch, register
 from megarl.models.forward import vocab_parallel_entropy
 from megarl.protocol import Batch, Col
+from megarl.workers.actor_loss import policy_objective
 from megarl.workers.log_probs import response_log_probs, token_log_probs
 from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.model_worker import ModelWorker
@@ -143,44 +141,21 @@ class ActorRole(ModelWorker):
 
     def _policy_loss(self, mb: dict, logits: torch.Tensor, counts: GlobalCounts):
         algo = self.algorithm
-        assert algo.loss_agg_mode is not None  # a role spec is built from the resolved config
-        mask = mb["mask"]
-        agg = {"agg_mode": algo.loss_agg_mode, **counts.agg()}
         log_probs, selected = token_log_probs(mb, logits, self.arch.vocab_size, self.spec.temperature)
         fused = algo.old_log_prob == "fused"  # the old log-probs are this forward's, detached
         old = log_probs.detach() if fused else mb[Col.OLD_LOG_PROBS]
-        own = {**LOSS_PARAMS[algo.policy_loss], **algo.policy_loss_params}
-        if algo.policy_loss == "clip_cov":  # its random token pick, reproducible per rank and call
-            own["generator"] = self._loss_generator()
-        loss, metrics = POLICY_LOSSES[algo.policy_loss](
+        loss, out = policy_objective(
+            algo,
             log_probs,
             old,
-            mb[Col.ADVANTAGES],
-            mask,
-            algo.clip_ratio_low,
-            algo.clip_ratio_high,
-            clip_ratio_c=algo.clip_ratio_c,
-            rollout_is_weights=mb.get(Col.ROLLOUT_IS_WEIGHTS),
-            **own,
-            **agg,
+            mb,
+            counts,
+            entropy=lambda: vocab_parallel_entropy(selected, self.arch.vocab_size),
+            # clip_cov's random token pick, reproducible per rank and call
+            generator=self._loss_generator() if algo.policy_loss == "clip_cov" else None,
         )
-        # Metrics are token means over this micro-batch; weight them by its share of the mini-batch tokens.
-        share = mask.sum() / counts.num_tokens
-        out = {f"actor/{k}": torch.as_tensor(v, dtype=torch.float64) * share for k, v in metrics.items()}
-        out["actor/pg_loss"] = loss.detach()
         if fused:
-            out.update(self._old_log_prob_metrics(mb, old, selected, mask, counts))
-        if algo.entropy_coeff:
-            entropy = vocab_parallel_entropy(selected, self.arch.vocab_size)
-            loss = loss - entropy_bonus(entropy, mask, algo.entropy_coeff, **agg)
-            out["actor/entropy"] = aggregate(
-                entropy.detach(), mask, "token-mean", num_tokens=counts.num_tokens
-            )
-        if algo.use_kl_loss:
-            kl = kl_penalty(log_probs, mb[Col.REF_LOG_PROBS], algo.kl_loss_type)
-            kl = aggregate(kl, mask, algo.loss_agg_mode, **counts.agg())
-            loss = loss + algo.kl_loss_coef * kl
-            out["actor/kl_loss"] = kl.detach()
+            out.update(self._old_log_prob_metrics(mb, old, selected, mb["mask"], counts))
         return loss, out
 
     def _old_log_prob_metrics(self, mb, old, selected, mask, counts: GlobalCounts) -> dict[str, torch.Tensor]:
