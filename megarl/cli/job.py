@@ -105,6 +105,13 @@ def _checked_run(config: str | None, overrides: list[str], job: str) -> int:
             check_reward_file(cfg.reward.function.path, cfg.reward.function.name)
         except MegarlError as e:
             return report_error(job, e)
+    if cfg.rollout.multi_turn.enable and spmd_rank is None:  # the tools, environment or agent files
+        from megarl.agentic.checks import check_agentic_files
+
+        try:
+            check_agentic_files(cfg.rollout)
+        except MegarlError as e:
+            return report_error(job, e)
     with contextlib.ExitStack() as held:
         try:  # one run per trainer.output_dir, before anything is written there
             lock = held.enter_context(hold_for_job(cfg.trainer.output_dir, spmd_rank, say=_say))

@@ -65,9 +65,8 @@ def check_multi_turn(cfg: MegarlConfig, problems: list[str], check_paths: bool) 
             "rollout.agent.default_agent_loop=openai_agent needs the agent: set "
             "rollout.agent.agent_function=file.py:agent (async def agent(client, sample) -> reward)"
         )
-    # TODO(issue 43): once megarl.agentic is in main, call megarl.agentic.tools.check_tool_config and
-    # megarl.agentic.agents.check_agent_function (they import the files in a process of their own) from
-    # megarl/cli/job.py next to check_reward_file; the parsing below stays as the load-time check.
+    # Parsed, not imported, here; `megarl train` then loads them for real before any process starts
+    # (megarl.agentic.checks.check_agentic_files).
     for i, tool in enumerate(mt.tools):
         if tool not in BUILTIN_TOOLS:
             _check_defined(f"rollout.multi_turn.tools[{i}]", tool, "function", check_paths, problems)

@@ -36,7 +36,13 @@ ORDER_2 = (
     "fsdp_sync_engine",
 )
 ORDER_1 = (
-    "critic_init", "optimizer_mapping", "fsdp", "fsdp_checkpoint", "vllm_single", "agentic", "tiny_archs"
+    "critic_init",
+    "optimizer_mapping",
+    "fsdp",
+    "fsdp_checkpoint",
+    "vllm_single",
+    "agentic",
+    "tiny_archs",
 )
 
 

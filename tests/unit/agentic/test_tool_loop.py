@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megarl.agentic.chat_format import ChatFormat
 from megarl.agentic.metrics import agent_metrics
 from megarl.agentic.multi_turn import MultiTurnRollout
-from megarl.agentic.chat_format import ChatFormat
 from megarl.config.roles import rollout_spec
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
@@ -27,7 +27,7 @@ PROMPT, RESPONSE = 32, 400
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 # what the scripted model says first, per prompt; after any tool result it answers
@@ -70,7 +70,9 @@ class ScriptedEngine:
                 finished=True,
                 outputs=[
                     SimpleNamespace(
-                        token_ids=ids, finish_reason=reason, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids]
+                        token_ids=ids,
+                        finish_reason=reason,
+                        logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in ids],
                     )
                 ],
             )
@@ -131,7 +133,9 @@ def rollout(tokenizer_dir):
     t0 = time.perf_counter()
     fields, columns = multi.run(batch, 1, RESPONSE, list(range(len(batch))), params, True)
     seconds = time.perf_counter() - t0
-    out = rollout_batch(batch, [[Sample(**f) for f in row] for row in fields], RESPONSE, tokenizer.pad_token_id)
+    out = rollout_batch(
+        batch, [[Sample(**f) for f in row] for row in fields], RESPONSE, tokenizer.pad_token_id
+    )
     for k, v in columns.items():
         out[k] = v
     return SimpleNamespace(out=out, calls=multi.last_calls, tokenizer=tokenizer, seconds=seconds)
