@@ -25,7 +25,7 @@ from megarl.config.roles import rollout_spec
 from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
 
-PROMPT, RESPONSE, TURNS = 64, 96, 3
+PROMPT, RESPONSE, TURNS = 128, 128, 3
 STOPS = list(range(300, 340))  # ids every family tokenizer has: ~4% of a random model's tokens stop a turn
 QUESTIONS = ["what is two plus two", "name a colour", "say something long", "count to three"]
 
@@ -96,22 +96,35 @@ def compare_with_engine(out: Batch, calls: dict) -> dict:
 
 
 def compare_with_template(out: Batch, calls: dict, tokenizer) -> list[str]:
-    """Each row's text against the template's own render of the same conversation (the engine's outputs
-    as the assistant's contents, the environment's messages as the user's)."""
+    """The text between the assistant turns of each row against the template's own render of the same
+    conversation up to each turn (placeholder assistant contents, the environment's messages as the
+    user's, the generation prompt): every turn
+    boundary, user turn and assistant header the rollout appended is the template's, token for token in
+    text. A turn that ended on the end-of-turn token carries it itself; one that did not (a stop token of
+    the sampling, the budget) gets it in the appended text."""
+    from megarl.agentic.chat_format import ChatFormat
+
+    eot = ChatFormat(tokenizer).end_of_turn_id
     bad = []
     for row in range(len(out)):
         record = calls[f"{row // 2}.{row % 2}/0"]
         messages = [{"role": "user", "content": QUESTIONS[row // 2]}]
-        for k, (_, produced) in enumerate(record):
-            messages.append({"role": "assistant", "content": tokenizer.decode(produced)})
-            if k < len(record) - 1:
-                messages.append({"role": "user", "content": f"say more about turn {k + 1}"})
-        expected = tokenizer.apply_chat_template(messages, tokenize=False)
-        length = int(out["attention_mask"][row].sum())
-        ids = out["input_ids"][row][out["attention_mask"][row].bool()][:length].tolist()
-        text = tokenizer.decode(ids)
-        if not expected.startswith(text):
-            bad.append(f"row {row}: {text!r} is not the template's {expected!r}")
+        pieces = [tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)]
+        for k in range(1, len(record)):  # what the template puts between turn k-1's content and turn k
+            messages += [
+                {"role": "assistant", "content": f"CONTENT{k - 1}"},
+                {"role": "user", "content": f"say more about turn {k}"},
+            ]
+            render = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            pieces.append(render.split(f"CONTENT{k - 1}")[1])
+        tokens = out["input_ids"][row][out["attention_mask"][row].bool()].tolist()
+        position, texts = 0, []
+        for given, produced in record:  # the given ids before each turn, then the turn
+            texts.append(tokenizer.decode(tokens[position : len(given)]))
+            position = len(given) + len(produced) - (1 if produced and produced[-1] == eot else 0)
+        for k, (text, piece) in enumerate(zip(texts, pieces)):
+            if text != piece:
+                bad.append(f"row {row}, before turn {k}: {text!r} is not the template's {piece!r}")
     return bad
 
 
