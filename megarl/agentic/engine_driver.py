@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from megarl.errors import MegarlError
 
@@ -55,7 +56,7 @@ class EngineDriver:
         self.llm = llm
         self.guard = engine_guard
         self.log_probs = log_probs
-        self._inbox: queue.Queue[tuple[list[int], object, str, Future]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[list[int], Any, str, Future]] = queue.Queue()
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         # conversation → [(input ids, output ids)] per turn, in order: the comparator's engine-side record

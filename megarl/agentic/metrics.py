@@ -6,15 +6,9 @@ from collections import Counter
 
 from megarl.protocol import Batch
 
-AGENT_COLUMNS = (
-    "num_turns",
-    "tool_calls",
-    "tool_errors",
-    "agent_reward",
-    "split_index",
-    "token_exact",
-    "agent_outcomes",
-)
+# the per-row columns of a multi-turn rollout (megarl.agentic.multi_turn), besides turn_rewards
+AGENT_TENSOR_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "agent_reward", "split_index", "token_exact")
+AGENT_COLUMNS = (*AGENT_TENSOR_COLUMNS, "agent_outcomes")
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:

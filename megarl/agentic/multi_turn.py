@@ -41,7 +41,7 @@ from megarl.config.roles import RolloutSpec
 from megarl.errors import MegarlError
 from megarl.protocol import Batch, Col
 
-ParamsFor = Callable[[int, int, int], Any]  # (seed, max_tokens, stop ids…) → vllm.SamplingParams
+ParamsFor = Callable[[int, int, list[int]], Any]  # (seed, max_tokens, stop ids) → vllm.SamplingParams
 
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:
@@ -155,6 +155,7 @@ class MultiTurnRollout:
         from megarl.agentic.endpoint import OpenAIServer
         from megarl.agentic.sessions import SessionBackend
 
+        assert self.agent_function is not None
         by_session = {conv.key: conv for conv in convs}
         backend = SessionBackend(
             by_session, self.format_for, self.decode, self.encode, self.multi_turn.max_assistant_turns

@@ -18,6 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from megarl.config.roles import ModelSpec
 from megarl.config.schema import ModelConfig
 from megarl.errors import EXIT_USAGE, MegarlError
 
@@ -30,7 +31,7 @@ class TokenizerError(MegarlError, ValueError):
     exit_code = EXIT_USAGE
 
 
-def load_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:
+def load_tokenizer(model: ModelConfig | ModelSpec) -> PreTrainedTokenizerBase:
     """The policy's tokenizer, from model.tokenizer_path or else model.path. A directory without one that
     transformers can load raises TokenizerError (not transformers' ValueError/OSError and traceback)."""
     from transformers import AutoTokenizer

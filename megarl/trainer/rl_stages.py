@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from megarl.agentic.metrics import agent_metrics
+from megarl.agentic.metrics import AGENT_TENSOR_COLUMNS, agent_metrics
 from megarl.algorithms import (
     KLController,
     apply_kl_penalty,
@@ -99,7 +99,7 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False, multi_turn: bool 
         return out
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())
-    writes += (Col.TURN_REWARDS,) if multi_turn else ()
+    writes += (Col.TURN_REWARDS, *AGENT_TENSOR_COLUMNS) if multi_turn else ()
     # each prompt's columns carried to its samples (the mask extended over the response): what was
     # derived from the prompts (ReMax's baseline) holds for the samples
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
@@ -118,7 +118,7 @@ def pool_generate_stage(pool: RolloutPool, log_probs: bool = False, multi_turn: 
         return batch
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ()) + (Col.ROLLOUT_VERSION,)
-    writes += (Col.TURN_REWARDS,) if multi_turn else ()
+    writes += (Col.TURN_REWARDS, *AGENT_TENSOR_COLUMNS) if multi_turn else ()
     if pool.partial:  # each token's version (a response may span syncs)
         writes += (Col.ROLLOUT_TOKEN_VERSIONS,)
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
