@@ -139,7 +139,7 @@ def test_named_files_are_parsed_for_the_function_or_environment(tmp_path):
         *cfg, "rollout.agent.default_agent_loop=env_agent", f"rollout.multi_turn.environment={env}:Maze"
     ) == [
         f"rollout.multi_turn.environment={env}:Maze: class Maze in {env} has no step method; an environment "
-        "needs reset(sample) -> observation and step(action_text) -> (observation, reward, done)"
+        "needs reset(sample) and step(action_text) -> (observation, reward, done)"
     ]
     assert (
         _path_problems(
