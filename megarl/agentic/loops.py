@@ -22,7 +22,7 @@ from typing import Any
 from megarl.agentic.chat_format import ChatFormat
 from megarl.agentic.conversation import Conversation
 from megarl.agentic.tools import ToolSet, parse_hermes
-from megarl.config.schema import MultiTurnConfig
+from megarl.config.schema_agentic import MultiTurnConfig
 
 
 @dataclass
