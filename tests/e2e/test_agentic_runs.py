@@ -133,8 +133,7 @@ def test_an_openai_client_agent_samples_the_tool_loops_token_streams(
     out = tmp_path_factory.mktemp("openai_agent")
     cfg = calc_setup.config(
         out,
-        "trainer.total_steps=1",
-        "trainer.val_before_train=false",
+        "trainer.total_steps=1",  # validating first, as the tool loop's run did: the same seeds
         "trainer.eval_every=0",
         "rollout.agent.default_agent_loop=openai_agent",
         f"rollout.agent.agent_function={AGENT}:agent",
@@ -146,6 +145,11 @@ def test_an_openai_client_agent_samples_the_tool_loops_token_streams(
     assert clean.float().mean() >= 0.9
     assert torch.equal(openai.rollouts[0]["responses"][clean], direct["responses"][clean])
     assert openai.history[-1]["agent/token_exact"] == 1.0
+    # the greedy validation before training, through the endpoint too
+    assert (
+        openai.history[0]["val/agent/tool_calls/total"]
+        == agentic_run.history[0]["val/agent/tool_calls/total"]
+    )
 
 
 def test_failing_tools_are_counted_in_a_run_that_completes(calc_setup, tmp_path_factory):
