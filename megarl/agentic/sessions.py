@@ -77,7 +77,7 @@ class SessionBackend:
             turn = conv.generate_blocking(max_tokens)
             text = self.decode(turn.ids)
             parsed = parse_hermes(text)
-            conv.tool_calls += len(parsed.calls)
+            conv.tool_calls += len(parsed.calls) + len(parsed.malformed)  # as the tool loop counts them
             conv.outcomes.update({"malformed": len(parsed.malformed)} if parsed.malformed else {})
             reply_message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.calls:
