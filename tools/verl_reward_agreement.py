@@ -19,18 +19,49 @@ import sys
 from collections import defaultdict
 
 MATH_TRUTHS = [
-    "5", "-2", "\\frac{1}{2}", "\\frac{3}{4}", "0.5", "3/4", "\\sqrt{2}", "2\\sqrt{3}", "10\\%", "50", "x=3",
-    "\\text{(A)}", "(1,2)", "90^\\circ", "\\$5", "5\\text{ cm}", "\\pi", "\\dfrac{7}{2}", "1,000", "\\infty",
-    "\\{1,2\\}", "\\left(0,1\\right)", "\\tfrac12", ".25", "\\frac{\\sqrt{3}}{2}",
+    "5",
+    "-2",
+    "\\frac{1}{2}",
+    "\\frac{3}{4}",
+    "0.5",
+    "3/4",
+    "\\sqrt{2}",
+    "2\\sqrt{3}",
+    "10\\%",
+    "50",
+    "x=3",
+    "\\text{(A)}",
+    "(1,2)",
+    "90^\\circ",
+    "\\$5",
+    "5\\text{ cm}",
+    "\\pi",
+    "\\dfrac{7}{2}",
+    "1,000",
+    "\\infty",
+    "\\{1,2\\}",
+    "\\left(0,1\\right)",
+    "\\tfrac12",
+    ".25",
+    "\\frac{\\sqrt{3}}{2}",
 ]
 
 
 def math_variants(t: str) -> list[str]:
     """Ways a response may write the answer `t` (right, reformatted, or wrong)."""
     return [
-        t, t.replace("\\frac", "\\dfrac"), t.replace("\\dfrac", "\\frac"), " ".join(t), f"x = {t}",
-        t + "\\%", t.replace("\\", "\\\\"), t + "1", "\\left(" + t + "\\right)", t.replace("1", "7"),
-        t + "\\text{ cm}\\text{ m}", t + "\\sqrt",
+        t,
+        t.replace("\\frac", "\\dfrac"),
+        t.replace("\\dfrac", "\\frac"),
+        " ".join(t),
+        f"x = {t}",
+        t + "\\%",
+        t.replace("\\", "\\\\"),
+        t + "1",
+        "\\left(" + t + "\\right)",
+        t.replace("1", "7"),
+        t + "\\text{ cm}\\text{ m}",
+        t + "\\sqrt",
     ]
 
 
@@ -38,11 +69,21 @@ def math_cases() -> list[tuple[str, str, object]]:
     out = []
     for t in MATH_TRUTHS:
         for a in math_variants(t):
-            for tpl in ("\\boxed{%s}", "The answer is $\\boxed{%s}$.", "\\fbox{%s}", "so \\boxed %s$ done", "%s",
-                        "\\boxed{0} then \\boxed{%s}", "\\boxed{%s", "\\boxed {%s}"):
+            for tpl in (
+                "\\boxed{%s}",
+                "The answer is $\\boxed{%s}$.",
+                "\\fbox{%s}",
+                "so \\boxed %s$ done",
+                "%s",
+                "\\boxed{0} then \\boxed{%s}",
+                "\\boxed{%s",
+                "\\boxed {%s}",
+            ):
                 out.append(("lighteval/MATH", tpl.replace("%s", a), t))
-    out += [("HuggingFaceH4/MATH-500", "\\boxed{5} or \\boxed 6$", "6"), ("DigitalLearningGmbH/MATH-lighteval",
-            "\\fbox{5}", "5")]
+    out += [
+        ("HuggingFaceH4/MATH-500", "\\boxed{5} or \\boxed 6$", "6"),
+        ("DigitalLearningGmbH/MATH-lighteval", "\\fbox{5}", "5"),
+    ]
     return out
 
 
@@ -52,27 +93,62 @@ DAPO_TRUTHS = ["5", "1000", "\\frac{1}{2}", "34", "-3", "2\\sqrt{3}", "\\text{B}
 def dapo_cases() -> list[tuple[str, str, object]]:
     out = []
     pad = "Let me think step by step. " * 15
-    for t, source in zip(DAPO_TRUTHS, itertools.cycle(["math_dapo", "math", "aime2024", "aime_2025",
-                                                         "math_dapo_reasoning"])):
-        for a in (t, t.replace("\\frac", "\\dfrac"), f"${t}$", f"{t} degrees", f"x = {t}", f"\\boxed{{{t}}}",
-                  f"\\text{{{t}}}", t + "0", "1,000" if t == "1000" else t.replace(",", ""), f"{t}.", "the " + t):
-            for tpl in ("Answer: %s", "answer:%s", "ANSWER :  %s\nmore text", "\\boxed{%s}", pad + "Answer: %s",
-                        "Answer: %s" + pad * 2, "So \\boxed{%s}" + " " * 120, "%s", "Answer: \nthen \\boxed{%s}"):
+    for t, source in zip(
+        DAPO_TRUTHS, itertools.cycle(["math_dapo", "math", "aime2024", "aime_2025", "math_dapo_reasoning"])
+    ):
+        for a in (
+            t,
+            t.replace("\\frac", "\\dfrac"),
+            f"${t}$",
+            f"{t} degrees",
+            f"x = {t}",
+            f"\\boxed{{{t}}}",
+            f"\\text{{{t}}}",
+            t + "0",
+            "1,000" if t == "1000" else t.replace(",", ""),
+            f"{t}.",
+            "the " + t,
+        ):
+            for tpl in (
+                "Answer: %s",
+                "answer:%s",
+                "ANSWER :  %s\nmore text",
+                "\\boxed{%s}",
+                pad + "Answer: %s",
+                "Answer: %s" + pad * 2,
+                "So \\boxed{%s}" + " " * 120,
+                "%s",
+                "Answer: \nthen \\boxed{%s}",
+            ):
                 out.append((source, tpl.replace("%s", a), t))
     return out
 
 
 def search_cases() -> list[tuple[str, str, object]]:
     out = []
-    truths = [{"target": ["Paris"]}, {"target": ["The Beatles", "Beatles"]}, {"target": "1969"},
-              {"target": ["New York City", "NYC"]}]
-    sources = [f"searchR1_{s}" for s in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique",
-                                        "bamboogle")]
-    for (i, g), a in itertools.product(enumerate(truths), ["Paris", "the beatles", "Beatles!", "1969.", "nyc",
-                                                          "New  York   city", "London", "an NYC"]):
-        for tpl in ("<answer>%s</answer>", "<think>x</think><answer> %s </answer>", "%s",
-                    "<answer>wrong</answer><answer>%s</answer>", "<answer>%s</answer>" * 11,
-                    "<answer>%s</answer>" + "</answer>" * 10, "<answer>%s"):
+    truths = [
+        {"target": ["Paris"]},
+        {"target": ["The Beatles", "Beatles"]},
+        {"target": "1969"},
+        {"target": ["New York City", "NYC"]},
+    ]
+    sources = [
+        f"searchR1_{s}"
+        for s in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+    ]
+    for (i, g), a in itertools.product(
+        enumerate(truths),
+        ["Paris", "the beatles", "Beatles!", "1969.", "nyc", "New  York   city", "London", "an NYC"],
+    ):
+        for tpl in (
+            "<answer>%s</answer>",
+            "<think>x</think><answer> %s </answer>",
+            "%s",
+            "<answer>wrong</answer><answer>%s</answer>",
+            "<answer>%s</answer>" * 11,
+            "<answer>%s</answer>" + "</answer>" * 10,
+            "<answer>%s",
+        ):
             out.append((sources[(i + len(out)) % len(sources)], tpl.replace("%s", a), g))
     return out
 
@@ -228,10 +304,14 @@ def latex_cases() -> list[tuple[str, str, object]]:
     return out
 
 
-STDIN_TESTS = json.dumps({"inputs": ["2 3\n", "10 -4\n", "0 0\n", "7 8\n"], "outputs": ["5\n", "6\n", "0\n", "15\n"]})
+STDIN_TESTS = json.dumps(
+    {"inputs": ["2 3\n", "10 -4\n", "0 0\n", "7 8\n"], "outputs": ["5\n", "6\n", "0\n", "15\n"]}
+)
 FLOAT_TESTS = json.dumps({"inputs": ["2\n", "3\n"], "outputs": ["1.4142135\n", "1.7320508\n"]})
-CALL_TESTS = json.dumps({"fn_name": "add", "inputs": ["1\n2", "[1]\n[2]", "5\n-5"], "outputs": ["3", "[1, 2]", "0"]})
-SOLUTION_TESTS = json.dumps({"fn_name": "twice", "inputs": ["3", "\"ab\""], "outputs": ["6", "\"abab\""]})
+CALL_TESTS = json.dumps(
+    {"fn_name": "add", "inputs": ["1\n2", "[1]\n[2]", "5\n-5"], "outputs": ["3", "[1, 2]", "0"]}
+)
+SOLUTION_TESTS = json.dumps({"fn_name": "twice", "inputs": ["3", '"ab"'], "outputs": ["6", '"abab"']})
 LOOP_TESTS = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
 
 
@@ -247,7 +327,7 @@ def code_cases(with_timeouts: bool) -> list[tuple[str, str, object]]:
     stdin = {
         "right": "a, b = map(int, input().split())\nprint(a + b)",
         "right_main": "def main():\n    a, b = map(int, input().split())\n    print(a + b)\n\n"
-                      "if __name__ == '__main__':\n    main()",
+        "if __name__ == '__main__':\n    main()",
         "right_spaces": "a, b = map(int, input().split())\nprint('  ', a + b, '  ')\nprint()",
         "wrong": "a, b = map(int, input().split())\nprint(a - b)",
         "half": "a, b = map(int, input().split())\nprint(a + b if a > 1 else -1)",
@@ -271,8 +351,13 @@ def code_cases(with_timeouts: bool) -> list[tuple[str, str, object]]:
         ("taco", fence("def add(a, b):\n    return a + b"), CALL_TESTS),
         ("taco", fence("def add(a, b):\n    return a - b"), CALL_TESTS),
         ("taco", fence("class Solution:\n    def twice(self, x):\n        return x * 2"), SOLUTION_TESTS),
-        ("taco", fence("class Solution:\n    def twice(self, x):\n        return x + x if isinstance(x, int) else x"),
-         SOLUTION_TESTS),
+        (
+            "taco",
+            fence(
+                "class Solution:\n    def twice(self, x):\n        return x + x if isinstance(x, int) else x"
+            ),
+            SOLUTION_TESTS,
+        ),
         ("taco", fence("def add(a, b):\n    return (a, b)"), CALL_TESTS),
         ("taco", fence("def add(a, b):\n    return a + b if a != 5 else 1"), CALL_TESTS),
         ("codecontests", fence("import os\nos._exit(0)"), STDIN_TESTS),
@@ -333,7 +418,9 @@ def main() -> int:
             keep = [r for r in results if r[1] in PINNED_CODE]
         else:
             keep = rng.sample(results, min(60, len(results)))
-        pinned += [{"data_source": s, "solution_str": t, "ground_truth": g, "verl_score": v} for s, t, g, v in keep]
+        pinned += [
+            {"data_source": s, "solution_str": t, "ground_truth": g, "verl_score": v} for s, t, g, v in keep
+        ]
     print("\n".join(lines))
     print("\nDeviations:" if deviations else "\nNo deviations.")
     for d in deviations:

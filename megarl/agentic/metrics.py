@@ -7,7 +7,14 @@ from collections import Counter
 from megarl.protocol import Batch
 
 # the per-row columns of a multi-turn rollout (megarl.agentic.multi_turn), besides turn_rewards
-AGENT_TENSOR_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "agent_reward", "split_index", "token_exact")
+AGENT_TENSOR_COLUMNS = (
+    "num_turns",
+    "tool_calls",
+    "tool_errors",
+    "agent_reward",
+    "split_index",
+    "token_exact",
+)
 AGENT_COLUMNS = (*AGENT_TENSOR_COLUMNS, "agent_outcomes")
 
 

@@ -9,6 +9,7 @@ import contextlib
 import json
 import time
 from itertools import count
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,7 @@ from megarl.config.schema import MegarlConfig
 from megarl.protocol import Batch
 from megarl.rollout.base import Sample, rollout_batch
 
-FAULTY = "tests/helpers/faulty_tools.py:calculator"
+FAULTY = f"{Path(__file__).resolve().parents[2] / 'helpers' / 'faulty_tools.py'}:calculator"
 PROMPT, RESPONSE = 32, 400
 
 
