@@ -5,7 +5,6 @@ dataset row, and the reward a number. Loading and checking the function, and run
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -13,7 +12,6 @@ import math
 import numbers
 import os
 import ssl
-import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from typing import Any
 
 from megarl.agentic.endpoint import SESSION_HEADER
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.user_files import import_file
 
 KEY = "rollout.agent.agent_function"
 SIGNATURE = "async def agent(client, sample) -> float"
@@ -45,22 +44,15 @@ def _import(spec: str) -> tuple[Any, str]:
         path = os.path.abspath(where)
         if not os.path.isfile(path):
             raise AgentFunctionError(f"{KEY}={spec}: {path} does not exist; point it at a .py file")
-        module_name = "megarl_agent_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise AgentFunctionError(f"{KEY}={spec}: {path} is not a Python file; point it at a .py file")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
         try:
-            loader_spec.loader.exec_module(module)
-        except BaseException as e:
-            del sys.modules[module_name]
-            if not isinstance(e, Exception | SystemExit):
-                raise
+            module = import_file(path, "megarl_agent_")
+        except (Exception, SystemExit) as e:
             raise AgentFunctionError(
                 f"{KEY}={spec}: importing {path} failed: {type(e).__name__}: {e}; fix the file (it must only "
                 "define functions at import)"
             ) from None
+        if module is None:
+            raise AgentFunctionError(f"{KEY}={spec}: {path} is not a Python file; point it at a .py file")
         return module, path
     try:
         return importlib.import_module(where), f"module {where}"

@@ -17,11 +17,11 @@ that raises ends its conversation, counted in `agent/env_errors`, never the run.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import os
 
 from megarl.errors import EXIT_USAGE, MegarlError
+from megarl.user_files import import_file
 
 KEY = "rollout.multi_turn.environment"
 
@@ -41,11 +41,8 @@ def load_object(spec: str, key: str):
     if where.endswith(".py"):
         if not os.path.isfile(where):
             raise UserObjectError(f"{key}={spec!r}: no file {where} (a path relative to where megarl runs)")
-        module_spec = importlib.util.spec_from_file_location(f"megarl_user_{abs(hash(where))}", where)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
         try:
-            module_spec.loader.exec_module(module)
+            module = import_file(where, "megarl_user_")
         except Exception as e:
             raise UserObjectError(
                 f"{key}={spec!r}: importing {where} failed: {type(e).__name__}: {e}"

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import sys
 
 from megarl.errors import EXIT_FAILED, EXIT_USAGE, MegarlError
 from megarl.rewards.registry import RewardFn
+from megarl.user_files import import_file
 
 
 class RewardError(MegarlError, ValueError):
@@ -28,25 +26,20 @@ def load_reward_function(path: str, name: str = "compute_score") -> RewardFn:
     the file can import its neighbours as verl reward files do)."""
     if not os.path.isfile(path):
         raise RewardError(f"reward.function.path={path} does not exist; point it at a .py file")
-    module_name = "megarl_reward_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise RewardError(f"reward.function.path={path} is not a Python file; point it at a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look the module up by name
     try:
-        spec.loader.exec_module(module)
+        module = import_file(path, "megarl_reward_")
     except SystemExit as e:  # not the run's exit code: say which file ended it
-        del sys.modules[module_name]
         raise RewardError(
             f"reward.function.path={path} called sys.exit({e.code!r}) while being imported; a reward file "
             'must only define functions at import (move the code under `if __name__ == "__main__":`)'
         ) from None
     except Exception as e:
-        del sys.modules[module_name]
         raise RewardError(
             f"reward.function.path={path} failed to import: {type(e).__name__}: {e}; fix the file"
         ) from e
+    if module is None:
+        raise RewardError(f"reward.function.path={path} is not a Python file; point it at a .py file")
+    module_name = module.__name__
     fn = getattr(module, name, None)
     if not callable(fn):
         found = (

@@ -10,7 +10,6 @@ import importlib
 import importlib.util
 import inspect
 import os
-import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from megarl.agentic.tools.registry import TRUNCATE_SIDES, Tool, ToolFailure, Too
 from megarl.agentic.tools.sandbox import SandboxLimits, run_python
 from megarl.config.errors import ConfigError
 from megarl.errors import MegarlError
+from megarl.user_files import import_file
 
 __all__ = ["BUILTIN_TOOLS", "ToolConfigError", "check_tool_config", "function_schema", "load_tools"]
 
@@ -188,19 +188,12 @@ def _load_file(path: str, base_dir: str | None) -> types.ModuleType:
         raise _Problem(
             f"file {candidates[0]} not found; give the path from the directory megarl starts in, or an absolute one"
         )
-    name = f"megarl_user_tools_{abs(hash(os.path.realpath(found)))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, found)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
-        spec.loader.exec_module(module)
+        module = import_file(os.path.realpath(found), "megarl_user_tools_", reuse=True)
     except Exception as e:
-        del sys.modules[name]
         fix = _import_fix(e, "fix that file")
         raise _Problem(f"importing {found} raised {type(e).__name__}: {e}; {fix}") from None
+    assert module is not None, found
     return module
 
 
