@@ -37,6 +37,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--nproc", type=int, default=None, help="ranks to launch (default tp*pp; more = DP)")
     verify.add_argument("--tolerance", type=float, default=5e-5, help="max |Δlogits| allowed (fp32)")
     verify.add_argument("--json", action="store_true", help="print one JSON line per layout")
+    verify.add_argument(
+        "--lora-adapter", default=None, help="a PEFT adapter dir: compare megatron's LoRA with PEFT's instead"
+    )
     verify.set_defaults(func=verify_model)
 
     parity = commands.add_parser("parity-check", help="Megatron vs transformers at 4 layouts, round trip")
@@ -61,7 +64,10 @@ def verify_model(args: argparse.Namespace) -> int:
         + ("sp" if args.sequence_parallel else "")
     )
     worker_args = ["--hf", args.hf, "--layouts", layout, "--tolerance", str(args.tolerance)]
-    outcome = launch("megarl.models.verify", worker_args, nproc)
+    program = "megarl.models.verify"
+    if args.lora_adapter:
+        program, worker_args = "megarl.models.lora.verify", [*worker_args, "--lora-adapter", args.lora_adapter]
+    outcome = launch(program, worker_args, nproc)
     for r in outcome["results"]:
         if args.json:
             print(json.dumps(r))

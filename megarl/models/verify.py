@@ -75,7 +75,7 @@ def _full_output(out: torch.Tensor, arch: ModelArchitecture) -> torch.Tensor:
 
 def megatron_grad_norm(chunks: list[torch.nn.Module]) -> float:
     """The global gradient norm as megatron's optimizer measures it: TP-replicated and tied parameters
-    counted once, summed over the model-parallel group."""
+    counted once, summed over the model-parallel group; frozen parameters (LoRA's base) have none."""
     from megatron.core import parallel_state as ps
     from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
@@ -85,7 +85,7 @@ def megatron_grad_norm(chunks: list[torch.nn.Module]) -> float:
         p.main_grad
         for chunk in chunks
         for p in chunk.parameters()
-        if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)
+        if p.requires_grad and param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)
     ]
     return get_grad_norm_fp32(grads, grad_stats_parallel_group=ps.get_model_parallel_group())
 

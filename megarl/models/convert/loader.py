@@ -18,10 +18,15 @@ def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
     return chunk
 
 
-def global_named_parameters(chunk: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
-    """named_parameters with the local layer index replaced by the global one (PP/VPP-safe)."""
+def global_named_parameters(
+    chunk: torch.nn.Module, adapters: bool = False
+) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """named_parameters with the local layer index replaced by the global one (PP/VPP-safe): the base
+    model's, or with `adapters=True` only the LoRA adapters' (`megarl.models.lora`)."""
     model = _unwrap(chunk)
     for name, param in model.named_parameters():
+        if (".lora." in name) != adapters:
+            continue
         template, local = llama.split_layer_name(name)
         if local is not None:
             name = name.replace(
