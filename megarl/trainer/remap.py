@@ -202,7 +202,9 @@ def _restart_role(trainer: RLTrainer, role: str, new_cfg: MegarlConfig, same_dev
 
     roles = trainer.roles
     group = getattr(roles, role)
-    old = [group] + ([roles.ref] if role == "actor" and _colocated(group, roles.ref) else [])
+    # (with LoRA the reference is the actor's own group: one handle)
+    ref_apart = roles.ref is not None and roles.ref is not group
+    old = [group] + ([roles.ref] if role == "actor" and ref_apart and _colocated(group, roles.ref) else [])
     pool = group.pool
     others = [
         g for name in ("actor", "ref", "critic", "reward_model") if (g := getattr(roles, name)) is not None

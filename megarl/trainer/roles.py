@@ -138,7 +138,9 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
             "actor": (actor_cls, {"spec": role_spec(cfg, "actor", total_steps)})
         }
         ref_own = cfg.ref.enable and backend == "ray" and not plan.ref_in_actor_processes
-        if cfg.ref.enable and not ref_own:
+        # with LoRA the actor, its adapters off, is the reference: no second model in its processes
+        ref_is_actor = cfg.ref.enable and not ref_own and _actor_lora(cfg) and not trains_rm
+        if cfg.ref.enable and not ref_own and not ref_is_actor:
             colocated["ref"] = (ReferenceWorker, {"spec": role_spec(cfg, "ref")})
         groups = make_colocated_groups(backend, pool_for("actor"), colocated, **options)
         started.append(groups["actor"])
@@ -147,6 +149,8 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
         else:
             actor = as_handle(groups["actor"], ActorGroup)
         ref = as_handle(groups["ref"], RefGroup) if "ref" in groups else None
+        if ref_is_actor:
+            ref = as_handle(groups["actor"], RefGroup)
         if ref_own:
             group = make_worker_group(
                 backend, pool_for("ref"), ReferenceWorker, "ref", {"spec": role_spec(cfg, "ref")}, **options
@@ -180,6 +184,10 @@ def build_roles(cfg: MegarlConfig, total_steps: int) -> RoleGroups:
 
         is_writer = dist.get_rank() == 0
     return RoleGroups(actor, ref, critic, reward_model, rollout, is_writer, tuple(pools.values()))
+
+
+def _actor_lora(cfg: MegarlConfig) -> bool:
+    return cfg.actor.backend == "megatron" and cfg.actor.lora.rank > 0
 
 
 def _start_rollout_pool(cfg: MegarlConfig, actor: ActorGroup, pool: Any, options: dict) -> RolloutGroup:
@@ -223,7 +231,7 @@ def start_role_groups(
         planned = plan.pool_of(role)
         own = pool = _ray_pool(planned, name=f"megarl-{planned.name}-{os.getpid()}-{id(cfg):x}")
     roles = {role: (worker_class(cfg, role), {"spec": role_spec(cfg, role, total_steps)})}
-    if with_ref:
+    if with_ref and not (role == "actor" and _actor_lora(cfg)):
         roles["ref"] = (worker_class(cfg, "ref"), {"spec": role_spec(cfg, "ref")})
     try:
         groups = make_colocated_groups("ray", pool, roles, **group_options(cfg))

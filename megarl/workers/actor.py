@@ -235,4 +235,16 @@ class ActorRole(ModelWorker):
 
 
 class ActorWorker(ActorRole, MegatronWorker):
-    """The actor on megatron-core."""
+    """The actor on megatron-core. With LoRA (`actor.lora`) it is also the reference: the base model is
+    the actor with its adapters off, so no second copy is built."""
+
+    @register(Dispatch.DP_COMPUTE)
+    def ref_log_prob(self, batch: Batch) -> Batch:
+        """The reference policy's log-prob of every response token (0 on padding): the frozen base, i.e.
+        this model with its LoRA adapters disabled (bitwise the base model's)."""
+        from megarl.models.lora.apply import adapters_disabled
+
+        if self.spec.lora is None:
+            raise ValueError("the actor is the reference only with LoRA (actor.lora.rank > 0)")
+        with adapters_disabled(self.chunks):
+            return response_log_probs(self, batch, Col.REF_LOG_PROBS)

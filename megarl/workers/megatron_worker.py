@@ -75,7 +75,21 @@ class MegatronWorker(ModelWorker):
             parallel_state.get_tensor_model_parallel_rank(),
             self.layout.tp,
         )
+        if self.spec.lora is not None:
+            self._add_adapters(chunks)
         return chunks
+
+    def _add_adapters(self, chunks: list[torch.nn.Module]) -> None:
+        """LoRA (`<role>.lora`): adapters on the targeted projections, everything else frozen; started
+        from `lora.adapter_path` when set."""
+        from megarl.models.lora.apply import apply_lora
+        from megarl.models.lora.peft_io import load_peft_adapter
+
+        lora = self.spec.lora
+        assert lora is not None
+        apply_lora(chunks, self.arch, lora, seed=self.spec.seed)
+        if lora.adapter_path:
+            load_peft_adapter(chunks, self.arch, lora, lora.adapter_path)
 
     def run_microbatches(
         self, microbatches: list[dict[str, torch.Tensor]], loss_fn: LossFn, forward_only: bool, at: str | None

@@ -1,7 +1,7 @@
 """Rank code for test_parity (4 ranks): the three megarl.models.verify runs of the test, one after the
 other in the same processes (a launch costs more than a run in it). argv: a JSON object {part: verify's argv} with the parts "lm" (run
-with Megatron's linear layers through OpenBLAS, MEGARL_CPU_GEMM=openblas), "scalar" and "rope" (the
-default choice, as a user's run makes it). Every result row gets its part's name under "part".
+with Megatron's linear layers through OpenBLAS, MEGARL_CPU_GEMM=openblas), "scalar", "rope" (the
+default choice, as a user's run makes it) and "lora-<family>" (megarl.models.lora.verify: LoRA vs PEFT). Every result row gets its part's name under "part".
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import os
 
 from megarl.models import verify
+from megarl.models.lora import verify as lora_verify
 
 
 def main(argv: list[str]) -> list[dict]:
@@ -20,7 +21,8 @@ def main(argv: list[str]) -> list[dict]:
         if part == "lm":
             os.environ["MEGARL_CPU_GEMM"] = "openblas"
         try:
-            results += [{**row, "part": part} for row in verify.main(args)]
+            program = lora_verify if part.startswith("lora") else verify
+            results += [{**row, "part": part} for row in program.main(args)]
         finally:
             if before is None:
                 os.environ.pop("MEGARL_CPU_GEMM", None)

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.conftest import FAMILIES
+from tests.helpers.lora import make_peft_adapter
 from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
@@ -37,6 +38,16 @@ def _argv(request) -> list[str]:
         "scalar": [*hf_args(scalar.values()), "--layouts", ",".join(SCALAR_LAYOUTS)],
         "rope": [*hf_args(rope_models), "--layouts", "tp2pp1", "--seq", "64"],
     }
+    for family in LORA_FAMILIES:  # megarl.models.lora.verify: megatron's LoRA vs PEFT's
+        adapter = make_peft_adapter(lm[family], root / f"adapter-{family}")
+        parts[f"lora-{family}"] = [
+            "--hf",
+            str(lm[family]),
+            "--lora-adapter",
+            str(adapter),
+            "--layouts",
+            ",".join(LAYOUTS),
+        ]
     return [json.dumps(parts)]
 
 
@@ -45,9 +56,9 @@ SHARED_PART = ("parity", "tests.multiproc.parity_checks", _argv)
 
 @pytest.fixture(scope="module")
 def parity_launch(shared_launch) -> dict[str, list[dict]]:
-    """{part: verify's result rows} of "lm", "scalar" and "rope"."""
+    """{part: verify's result rows} of "lm", "scalar", "rope" and "lora-<family>"."""
     results = shared_result(shared_launch, "parity")
-    return {part: [r for r in results if r["part"] == part] for part in ("lm", "scalar", "rope")}
+    return {part: [r for r in results if r["part"] == part] for part in {r["part"] for r in results}}
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +143,22 @@ def test_rope_scaling_matches_hf(parity_launch):
     assert len(results) == 2
     for r in results:
         assert r["max_abs_logit_diff"] <= 5e-5 and r["loss_abs_diff"] <= 5e-6, r
+
+
+LORA_FAMILIES = ["llama", "qwen2"]  # untied; tied embeddings with q/k/v bias
+
+
+@pytest.mark.parametrize("family", LORA_FAMILIES)
+def test_lora_matches_peft_at_every_layout(parity_launch, family):
+    """The same adapter weights in megatron's LoRA and in PEFT's on the transformers model: logits, loss
+    and every adapter gradient; fresh adapters (B = 0) and disabled ones give bitwise the base logits."""
+    rows = parity_launch[f"lora-{family}"]
+    assert len(rows) == len(LAYOUTS)
+    for r in rows:
+        assert r["init_equals_base"] and r["disabled_equals_base"], r
+        assert r["adapter_effect"] > 0.1, (
+            "the adapter must change the logits for the comparison to mean anything"
+        )
+        assert r["max_abs_logit_diff"] <= 5e-5, r
+        assert r["loss_abs_diff"] <= 5e-6 and r["max_abs_grad_diff"] <= 5e-5, r
+        assert r["grad_norm_rel_diff"] <= 1e-5 and not r["missing_grads"], r

@@ -35,7 +35,7 @@ def _init_a(full: torch.Tensor, method: str, generator: torch.Generator) -> None
     if method == "kaiming":  # PEFT's default: nn.Linear's init
         torch.nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)
     elif method == "xavier":  # Megatron-Bridge's (verl's lora_A_init_method: xavier)
-        torch.nn.init.xavier_normal_(full, generator=generator)
+        torch.nn.init.xavier_uniform_(full, generator=generator)
     else:
         raise ValueError(f"lora.init_A={method!r}; use kaiming or xavier")
 
@@ -51,8 +51,9 @@ def _fused_layout(arch: ModelArchitecture, linear: str, tp: int) -> tuple[list[t
 
 @torch.no_grad()
 def apply_lora(chunks: list[torch.nn.Module], arch: ModelArchitecture, cfg: Any, seed: int) -> int:
-    """Add adapters (cfg: a LoraConfig with rank > 0) to this rank's chunks and freeze everything else.
-    Returns the number of linears that got adapters."""
+    """Add adapters (cfg: a LoraConfig with rank > 0) to this rank's chunks and freeze everything else
+    but a scalar head (a critic's value head is new, so it is trained whole). Returns the number of
+    linears that got adapters."""
     from megatron.core import parallel_state
 
     tp, tp_rank = (
@@ -64,6 +65,10 @@ def apply_lora(chunks: list[torch.nn.Module], arch: ModelArchitecture, cfg: Any,
     for chunk in chunks:
         model = _unwrap(chunk)
         model.requires_grad_(False)
+        if arch.head == "scalar" and getattr(model, "output_layer", None) is not None:
+            model.output_layer.requires_grad_(
+                True
+            )  # a value head is new: trained whole (PEFT's modules_to_save)
         for layer_module in getattr(model.decoder, "layers", []):
             layer = layer_module.layer_number - 1
             for linear_name, projections in MEGATRON_LINEARS.items():
