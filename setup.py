@@ -19,6 +19,7 @@ BASE = [
     "threadpoolctl",  # ... and sets that OpenBLAS's thread count
     "cloudpickle",  # reward functions defined in Python reach the reward worker processes by value
     "psutil",  # memory readings (platform, megarl bench); megatron's dist-checkpoint save imports it undeclared
+    "peft>=0.21",  # LoRA: PEFT adapters in (lora.adapter_path) and out (megarl convert); the parity reference
 ]
 
 EXTRAS = {

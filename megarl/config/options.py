@@ -77,3 +77,5 @@ Launcher = Literal["ray", "torchrun"]
 # the model_type values (a checkpoint's config.json) whose Megatron model megarl builds: megarl.models.from_hf.FAMILIES
 ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
+LoraSync = Literal["auto", "adapter", "merged"]  # <role>.lora.sync: how the engine gets the adapted policy
+LoraInit = Literal["kaiming", "xavier"]  # <role>.lora.init_A: lora_A's initialisation

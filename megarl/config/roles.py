@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from megarl.config.schema import (
     AlgorithmConfig,
     FSDPConfig,
+    LoraConfig,
     MegarlConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -88,6 +89,9 @@ class RoleSpec:
     seed: int = 42  # trainer.seed: weights the role builds fresh (a critic's value head) are drawn from it
     backend: str = "megatron"  # "megatron" | "fsdp" (megarl.fsdp): what runs the model
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # how the fsdp backend shards it
+    # the trained role's adapters (<role>.lora with rank > 0); None = full training, and always for the
+    # frozen roles (with actor LoRA the reference is the actor with its adapters off)
+    lora: LoraConfig | None = None
 
     @property
     def trainable(self) -> bool:
@@ -151,6 +155,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         # auto fields decided, also for configs built in Python (a no-op for a resolved one)
         algorithm=copy.deepcopy(resolve_auto(cfg).algorithm),
         rollout=rollout_spec(cfg) if role == "actor" else None,
+        lora=copy.deepcopy(section.lora) if section.lora.rank > 0 else None,
     )
 
 

@@ -5,9 +5,9 @@ The field comments are the reference documentation. A YAML file mirrors this tre
 their fields; `key=value` overrides use the same dotted names (`actor.parallel.tp=2`). Load and check a
 config with `megarl.config.load_config`; cross-field rules live in `megarl.config.validate`.
 
-The `algorithm` and `preference` sections live in `megarl.config.schema_algorithm`; the option
-vocabularies (the Literals) in `megarl.config.options`. Fields documented as
-"None = auto" are filled in by `resolve_auto` when the config is loaded.
+The `algorithm` and `preference` sections live in `megarl.config.schema_algorithm`, `<role>.lora` in
+`megarl.config.schema_lora`; the option vocabularies (the Literals) in `megarl.config.options`. Fields
+documented as "None = auto" are filled in by `resolve_auto` when the config is loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from megarl.config.options import (
 )
 from megarl.config.schema_agentic import AgentConfig, MultiTurnConfig
 from megarl.config.schema_algorithm import AlgorithmConfig, PreferenceConfig
+from megarl.config.schema_lora import LoraConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout
 
 
@@ -134,6 +135,7 @@ class TrainRoleConfig(RoleConfig):
     backend: RoleBackend = "megatron"
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full training: schema_lora
     offload_grads: bool = False  # move gradients to CPU while generating
     offload_optimizer: bool = False  # move optimizer state to CPU while generating
 

@@ -20,6 +20,7 @@ from megarl.config.data_files import DATA_SUFFIXES, directory_problem
 from megarl.config.errors import ConfigError, at_least, divisors, in_range, join
 from megarl.config.field_checks import check_choices, non_finite_numbers
 from megarl.config.lengths import check_sequence_length
+from megarl.config.lora_checks import check_lora
 from megarl.config.machine import check_machine
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.placement import Placement, check_placement
@@ -136,6 +137,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_reward_terms(cfg, check_paths, problems)
     _check_torchrun_colocation(cfg, problems)
     check_backends(cfg, problems, check_paths)
+    check_lora(cfg, problems, check_paths)
     check_async(cfg, problems)
     check_multi_turn(cfg, problems, check_paths)
     if problems:

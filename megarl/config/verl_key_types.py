@@ -81,6 +81,15 @@ def zero_only(what: str) -> Callable[[Any], Any]:
     return check
 
 
+def only(allowed: Any, why: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v != allowed:
+            raise Rejected(why)
+        return DROP
+
+    return check
+
+
 def maps(verl: str, megarl: str, note: str = "", transform: Callable[[Any], Any] | None = None) -> VerlKey:
     return VerlKey(verl, megarl, note, transform)
 
@@ -109,7 +118,6 @@ PADDING = (
     "megarl packs sequences without padding when actor.max_tokens_per_micro_batch is set (verl's "
     "use_dynamic_bsz + ppo_max_token_len_per_gpu); otherwise micro-batches are right-padded"
 )
-LORA = "megarl trains full weights (no LoRA)"
 CKPT = "a megarl checkpoint always holds weights, optimizer, scheduler and RNG (trainer.save_every)"
 DYN = "only with use_dynamic_bsz=true: then it is the token budget per micro-batch"
 
@@ -271,3 +279,97 @@ def sampling(verl: str, megarl: str) -> list[VerlKey]:
 
 def dynamic_bsz(verl: str) -> list[VerlKey]:
     return [ignored(f"{verl}.use_dynamic_bsz", "see ppo_max_token_len_per_gpu")]
+
+
+# verl's canonical_lora target names: megarl's are PEFT's
+CANONICAL_TARGETS = {
+    "linear_q": "q_proj",
+    "linear_k": "k_proj",
+    "linear_v": "v_proj",
+    "linear_fc1_gate": "gate_proj",
+    "linear_fc1_up": "up_proj",
+}
+
+
+def lora_targets(v: Any) -> Any:
+    if v is None or v == []:  # verl's Megatron LoRA: [] (with exclude_modules) = every linear but those
+        return DROP
+    return [CANONICAL_TARGETS.get(n, n) for n in ([v] if isinstance(v, str) else v)]
+
+
+def lora_type(v: Any) -> Any:
+    if v in ("lora", "canonical_lora"):
+        return DROP
+    raise Rejected("megarl's LoRA is plain LoRA on the text decoder (no DoRA, no vision LoRA); use lora")
+
+
+def lora_init_a(v: Any) -> Any:
+    return "xavier" if v == "xavier" else "kaiming"  # Megatron-Bridge: kaiming_uniform unless xavier
+
+
+def lora_merge(v: Any) -> Any:
+    return "merged" if v else DROP  # verl's false (separate adapters): megarl's auto
+
+
+def lora(model: str, role: str) -> list[VerlKey]:
+    """verl's LoRA keys of a role's model: its FSDP backend's flat ones (lora_rank, ...) and its Megatron
+    backend's `lora` section; both set <role>.lora."""
+    k = f"{role}.lora"
+    targets = "canonical names (linear_q, linear_fc1_up, ...) → q_proj, up_proj, ...; [] → all-linear"
+    keys = [
+        maps(f"{model}.lora_rank", f"{k}.rank", "verl's FSDP LoRA; 0 = off in both"),
+        maps(f"{model}.lora_alpha", f"{k}.alpha", "verl's FSDP default 16, megarl's 32"),
+        maps(f"{model}.target_modules", f"{k}.target_modules", "verl's FSDP LoRA", lora_targets),
+        maps(f"{model}.lora.rank", f"{k}.rank", "verl's Megatron LoRA; 0 = off in both"),
+        maps(f"{model}.lora.alpha", f"{k}.alpha"),
+        maps(f"{model}.lora.dropout", f"{k}.dropout"),
+        maps(f"{model}.lora.target_modules", f"{k}.target_modules", targets, lora_targets),
+        maps(f"{model}.lora.exclude_modules", f"{k}.exclude_modules", "", not_none),
+        maps(f"{model}.lora.adapter_path", f"{k}.adapter_path", "a PEFT adapter directory", not_none),
+        maps(
+            f"{model}.lora.lora_A_init_method",
+            f"{k}.init_A",
+            "xavier → xavier, any other → kaiming (Megatron-Bridge's rule); verl's default xavier, megarl's kaiming",
+            lora_init_a,
+        ),
+        VerlKey(
+            f"{model}.lora.type",
+            None,
+            "lora and canonical_lora both: megarl's adapters are always per HF projection (canonical LoRA); "
+            "dora and vlm_lora are refused",
+            lora_type,
+        ),
+        VerlKey(
+            f"{model}.lora.lora_B_init_method",
+            None,
+            "zero only: megarl's lora_B starts at 0; other methods are refused",
+            only(
+                "zero", "megarl's lora_B starts at zero (a new adapter leaves the model unchanged); use zero"
+            ),
+        ),
+        VerlKey(
+            f"{model}.lora.dropout_position",
+            None,
+            "pre only: megarl's dropout is on the adapter's input; post is refused",
+            only("pre", "megarl's dropout is on the adapter's input (PEFT's); use pre"),
+        ),
+        ignored(f"{model}.lora.dtype", "megarl's adapters are in model.dtype (verl's null)"),
+        ignored(
+            f"{model}.lora.a2a_experimental",
+            "megarl's adapters need no communication beyond their linear's (a Megatron-Bridge option)",
+        ),
+        ignored(f"{model}.lora.freeze_vision_*", "megarl trains text decoders"),
+        ignored(f"{model}.lora.freeze_language_model", "megarl freezes the base weights of a LoRA role"),
+    ]
+    if role == "actor":
+        keys += [
+            maps(f"{model}.exclude_modules", f"{k}.exclude_modules", "verl's FSDP LoRA", not_none),
+            maps(f"{model}.lora_adapter_path", f"{k}.adapter_path", "verl's FSDP LoRA", not_none),
+            maps(
+                f"{model}.lora.merge",
+                f"{k}.sync",
+                "true → merged (into the base weights, synced as those); false → auto (adapters where the engine can)",
+                lora_merge,
+            ),
+        ]
+    return keys

@@ -256,8 +256,8 @@ def test_a_later_setting_of_the_same_key_wins_as_in_hydra():
             "(megarl: trainer.save_every)?",
         ),
         (
-            "actor_rollout_ref.model.lora_rank=8",
-            "actor_rollout_ref.model.lora_rank=8: megarl trains full weights (no LoRA); remove lora_rank",
+            "actor_rollout_ref.model.lora.lora_B_init_method=kaiming",
+            "actor_rollout_ref.model.lora.lora_B_init_method=kaiming: megarl's lora_B starts at zero",
         ),
         (
             "trainer.critic_warmup=3",
