@@ -189,3 +189,17 @@ def _targets(lora: LoraConfig, projection: str) -> bool:
     if any(names(e) for e in lora.exclude_modules):
         return False
     return any(names(e) or is_pattern(e) for e in lora.target_modules)
+
+
+# the largest adapter rank vLLM 0.32 serves (vllm.config.lora.MaxLoRARanks)
+ENGINE_MAX_LORA_RANK = 512
+
+
+def resolve_lora_sync(lora: LoraConfig) -> tuple[str, str]:
+    """(how the engine gets the actor's LoRA policy, why): "adapter" or "merged"; `lora.sync=auto` takes
+    adapter unless the engine cannot serve the adapter, and says why."""
+    if lora.sync != "auto":
+        return lora.sync, f"actor.lora.sync={lora.sync}"
+    if lora.rank > ENGINE_MAX_LORA_RANK:
+        return "merged", f"vLLM serves adapters up to rank {ENGINE_MAX_LORA_RANK}, actor.lora.rank={lora.rank}"
+    return "adapter", "the engine serves the adapter (actor.lora.sync=auto)"

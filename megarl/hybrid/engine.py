@@ -12,7 +12,8 @@ runs of consecutive ranks), so the weight source moves only the bytes of the pla
 HybridEngine per actor rank; every rank of the training world takes part in every call (the sync is
 collective). Its collaborators are given explicitly: the weight source (anything with
 `buckets(stats)` yielding this rank's HF tensors: megarl.hybrid.reshard.Resharder for megatron shards,
-megarl.fsdp.weight_sync for FSDP ones), the generation TP groups, the rollout spec, and the
+megarl.fsdp.weight_sync for FSDP ones; with LoRA megarl.hybrid.lora_sync.LoraWeightSync, which pushes
+the adapters itself), the generation TP groups, the rollout spec, and the
 offload/reload callables that set the training state aside (each returns its report dicts).
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Protocol
 
+from megarl.hybrid.lora_sync import LoraWeightSync
 from megarl.hybrid.reshard import HFBucket, ReshardStats
 from megarl.protocol import Batch
 
@@ -61,10 +63,17 @@ class HybridEngine:
         """Reshard the current training weights into the engine (collective over the world)."""
         stats = ReshardStats()
         self.rollout.wake_up(["weights"])
-        for bucket in self.source.buckets(stats):
+        if isinstance(self.source, LoraWeightSync):  # the actor trains LoRA: adapters, or merged weights
             start = time.perf_counter()
-            stats.engine_loader = self.rollout.load_weights(bucket)
-            stats.seconds["engine_load"] = stats.seconds.get("engine_load", 0.0) + time.perf_counter() - start
+            self.source.sync(self.rollout, stats)
+            stats.seconds["engine_load"] = time.perf_counter() - start - sum(stats.seconds.values())
+        else:
+            for bucket in self.source.buckets(stats):
+                start = time.perf_counter()
+                stats.engine_loader = self.rollout.load_weights(bucket)
+                stats.seconds["engine_load"] = (
+                    stats.seconds.get("engine_load", 0.0) + time.perf_counter() - start
+                )
         self.rollout.wake_up(["kv_cache"])
         self.last_stats = stats
         return stats

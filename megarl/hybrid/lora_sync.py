@@ -123,3 +123,63 @@ def merged_weights(chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
     """{global megatron name: merged weight shard} of every linear carrying adapters."""
     names = {id(p): n for chunk in chunks for n, p in global_named_parameters(chunk)}
     return {names[id(linear.weight)]: merged_weight(linear) for linear in lora_linears(chunks)}
+
+
+class LoraWeightSync:
+    """What the HybridEngine pushes into its engine at each sync when the actor trains LoRA.
+
+    "adapter": the base weights once (the first sync: they are frozen), then only the adapters, each
+    engine rank its own region (`AdapterResharder`), installed from memory (`VLLMRollout.load_adapter`).
+    "merged": W + (alpha/r)·B·A of every targeted linear through the base resharder — every tensor at the
+    first sync, only the targeted linears after. `check` compares checksums of what the engine holds
+    with the trainer's adapter regions after each adapter sync (actor.lora.check_sync)."""
+
+    def __init__(
+        self,
+        chunks,
+        base,
+        adapters: AdapterResharder,
+        mode: str,
+        peft_config: dict,
+        check: bool,
+        num_kv_heads: int,
+    ):
+        self.chunks, self.base, self.adapters, self.num_kv_heads = chunks, base, adapters, num_kv_heads
+        self.mode, self.peft_config, self.check = mode, peft_config, check
+        self.base_synced = False
+
+    def sync(self, rollout, stats: ReshardStats) -> None:
+        stats.lora_sync = self.mode
+        if self.mode == "merged":
+            merged = merged_weights(self.chunks)
+            for bucket in self.base.buckets(stats, replaced=merged, only=self.base_synced):
+                stats.engine_loader = rollout.load_weights(bucket)
+            self.base_synced = True
+            return
+        if not self.base_synced:
+            for bucket in self.base.buckets(stats):
+                stats.engine_loader = rollout.load_weights(bucket)
+            self.base_synced = True
+        tensors = self.adapters.tensors_for_engine(stats)
+        report = rollout.load_adapter(tensors, self.peft_config)
+        stats.adapter_bytes += report["bytes"]
+        if self.check:
+            self._check(rollout, tensors)
+
+    def _check(self, rollout, tensors: dict[str, torch.Tensor]) -> None:
+        from megarl.rollout.vllm_lora import region_checksums
+
+        plan = self.adapters.plan
+        held = rollout.engine_adapter_checksums()
+        ours = region_checksums(tensors, plan.gen_tp, plan.gen_tp_rank(self.adapters.rank), self.num_kv_heads)
+        bad = {
+            n: (ours[n], held.get(n))
+            for n in ours
+            if held.get(n) is None or abs(held[n] - ours[n]) > 1e-6 * max(1.0, abs(ours[n]))
+        }
+        if bad:
+            name, (want, got) = next(iter(bad.items()))
+            raise RuntimeError(
+                f"actor.lora.check_sync: the engine holds other adapter values than the trainer for "
+                f"{len(bad)} tensors, e.g. {name}: trainer {want}, engine {got}"
+            )

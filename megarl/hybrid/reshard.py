@@ -51,6 +51,9 @@ class ReshardStats:
     buckets: int = 0
     largest_bucket_bytes: int = 0
     engine_loader: str = ""  # what put the buckets into the engine (VLLMRollout.load_weights)
+    # LoRA: "adapter" (the adapter tensors only; the base once, at the first sync) or "merged"
+    lora_sync: str = ""
+    adapter_bytes: int = 0  # bytes of adapter tensors handed to this rank's engine
     seconds: dict[str, float] = field(
         default_factory=lambda: {"pp_broadcast": 0.0, "gather": 0.0, "to_hf": 0.0}
     )
@@ -122,6 +125,7 @@ class Resharder:
         self.rank = dist.get_rank()
         self.coords = plan.layout.coordinates(self.rank)
         self.local = local_params(chunks)
+        self.replaced: dict[str, torch.Tensor] = {}
         self.entries = global_table(self.local, self.arch, self.coords.pp)
         self.pp_group = ps.get_pipeline_model_parallel_group()
         self.pp_ranks = plan.layout.pp_group_ranks(self.rank)  # indexed by stage
@@ -134,12 +138,22 @@ class Resharder:
 
     # ---- the transition -----------------------------------------------------------------------------
 
-    def buckets(self, stats: ReshardStats | None = None) -> Iterator[HFBucket]:
-        """HF-named tensors for this rank's engine shard, in buckets; fills `stats` as it goes."""
+    def buckets(
+        self,
+        stats: ReshardStats | None = None,
+        replaced: dict[str, torch.Tensor] | None = None,
+        only: bool = False,
+    ) -> Iterator[HFBucket]:
+        """HF-named tensors for this rank's engine shard, in buckets; fills `stats` as it goes.
+        `replaced`: megatron names → shards sent instead of the parameters' own (LoRA's merged weights),
+        and with `only` nothing else is sent."""
         stats = stats if stats is not None else ReshardStats()
+        self.replaced = replaced or {}
         bucket: HFBucket = []
         size, module = 0, None
         for entry in self.entries:
+            if only and entry.name not in self.replaced:
+                continue
             # A bucket closes only between modules: the engine processes a layer (weight and bias, or
             # q/k/v) once, when all of it has arrived.
             if size >= self.bucket_bytes and module_of(entry.name) != module:
@@ -169,7 +183,7 @@ class Resharder:
         )
         stats.floor_bytes += self.plan.received_bytes(self.rank, param_bytes, kind, entry.owners)
         if self.coords.pp in entry.owners:
-            shard = self.local[entry.name].detach()
+            shard = self.replaced.get(entry.name, self.local[entry.name]).detach()
         else:
             shard = torch.empty(entry.shape, dtype=entry.dtype, device=platform().device)
         if len(entry.owners) < self.plan.layout.pp:

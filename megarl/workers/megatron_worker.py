@@ -110,7 +110,29 @@ class MegatronWorker(ModelWorker):
             bucket_bytes=rollout.reshard_bucket_mib << 20,
             naive=rollout.naive_reshard,
         )
+        if self.spec.lora is not None:
+            return plan.gen_tp_groups, self._lora_source(source, plan)
         return plan.gen_tp_groups, source
+
+    def _lora_source(self, base, plan):
+        """LoRA's weight source: adapters only after the first sync, or merged weights (lora.sync)."""
+        from megarl.hybrid.lora_sync import AdapterResharder, LoraWeightSync
+        from megarl.models.lora.peft_io import peft_config
+        from megarl.models.lora.targets import lora_tensors
+
+        lora = self.spec.lora
+        assert lora is not None and self.spec.rollout is not None
+        mode = "adapter" if self.spec.rollout.lora is not None else "merged"
+        names = dict.fromkeys(t.peft for t in lora_tensors(self.arch, lora))
+        return LoraWeightSync(
+            self.chunks,
+            base,
+            AdapterResharder(self.chunks, self.arch, lora, plan),
+            mode,
+            peft_config(names, lora, str(self.spec.model.path)),
+            lora.check_sync,
+            self.arch.num_kv_heads,
+        )
 
     def write_hf(self, out_dir: str) -> str:
         """Write the current weights as a Hugging Face checkpoint at `out_dir` (collective); returns it."""

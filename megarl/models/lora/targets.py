@@ -12,6 +12,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from megarl.config.schema_lora import ALL_LINEAR, MEGATRON_LINEARS
+from megarl.config.schema_lora import PROJECTIONS as PROJECTION_NAMES
 from megarl.distributed.param_kind import ParamKind
 from megarl.models.from_hf import ModelArchitecture
 
@@ -32,21 +34,8 @@ PROJECTIONS: dict[str, Projection] = {
     "up_proj": Projection("mlp.linear_fc1", "mlp.up_proj", False),
     "down_proj": Projection("mlp.linear_fc2", "mlp.down_proj", True),
 }
-# megatron's fused linears by their short name (verl's Megatron LoRA target names)
-MEGATRON_LINEARS: dict[str, tuple[str, ...]] = {
-    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
-    "linear_proj": ("o_proj",),
-    "linear_fc1": ("gate_proj", "up_proj"),
-    "linear_fc2": ("down_proj",),
-}
-ALL_LINEAR = "all-linear"
-KNOWN_NAMES = (ALL_LINEAR, *PROJECTIONS, *MEGATRON_LINEARS)
+assert tuple(PROJECTIONS) == PROJECTION_NAMES  # the names users write (megarl.config.schema_lora)
 PEFT_PREFIX = "base_model.model."
-
-
-def is_pattern(entry: str) -> bool:
-    """Whether a target entry is a pattern over full module names rather than a short name."""
-    return "*" in entry or "." in entry
 
 
 def _matches(entry: str, layer: int, projection: str) -> bool:
