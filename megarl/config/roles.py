@@ -63,6 +63,9 @@ class RolloutSpec:
     seed: int
     # async_training.partial_rollout (a separate pool's engines take new weights mid-generation)
     partial_rollout: bool = False
+    # the actor's adapters when they are synced alone (actor.lora, sync adapter): the engine runs with
+    # LoRA enabled and serves the adapter `VLLMRollout.load_adapter` hands it; None = no LoRA in the engine
+    lora: LoraConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,18 @@ def rollout_spec(cfg: MegarlConfig) -> RolloutSpec:
         max_response_length=cfg.data.max_response_length,
         seed=cfg.trainer.seed if r.seed is None else r.seed,
         partial_rollout=cfg.async_training.partial_rollout,
+        lora=_engine_lora(cfg),
     )
+
+
+def _engine_lora(cfg: MegarlConfig) -> LoraConfig | None:
+    """The actor's LoRA settings where the engine serves its adapter (lora.sync resolved to adapter)."""
+    from megarl.config.lora_checks import resolve_lora_sync
+
+    lora = cfg.actor.lora
+    if lora.rank == 0 or resolve_lora_sync(lora)[0] != "adapter":
+        return None
+    return copy.deepcopy(lora)
 
 
 def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> RoleSpec:

@@ -94,6 +94,8 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False, multi_turn: bool 
             # what the weight sync moved into this replica's engine, over the plan's floor (1.00 = the floor)
             ctx.metrics["generate/sync_received_bytes"] = report["reshard"]["received_bytes"]
             ctx.metrics["generate/sync_bytes_over_floor"] = report["reshard"]["ratio"]
+            if report["reshard"].get("lora_sync"):  # LoRA: the adapter bytes the engine took
+                ctx.metrics["generate/sync_adapter_bytes"] = report["reshard"]["adapter_bytes"]
         if not ctx.validate:
             ctx.metrics.update(agent_metrics(out))
         return out
