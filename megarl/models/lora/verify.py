@@ -6,6 +6,8 @@ runs it in the shared launch). For each layout, on the same batch:
   max_abs_logit_diff     with the PEFT adapter's weights: logits vs PeftModel's (adapter_effect: how
                          far they are from the base's)
   disabled_equals_base   adapters_disabled gives bitwise the base logits again
+  merged_logit_diff      the adapters merged into the base weights (merged_weight: the "merged" sync)
+                         vs the LoRA model
   loss_abs_diff, max_abs_grad_diff, grad_norm_rel_diff
                          forward+backward through megatron DDP: every adapter gradient vs PEFT's
 """
@@ -26,6 +28,8 @@ from megarl.models.ddp import wrap_ddp
 from megarl.models.forward import gather_logits, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.lora.apply import adapters_disabled, apply_lora
+from megarl.models.lora.layers import lora_linears
+from megarl.models.lora.merge import merged_weight
 from megarl.models.lora.peft_io import gather_full_adapter, load_peft_adapter, read_peft_adapter
 from megarl.models.verify import make_batch, megatron_grad_norm, parse_layout
 
@@ -72,6 +76,21 @@ def _logits(chunks, inputs: torch.Tensor, arch: ModelArchitecture) -> torch.Tens
     return torch.cat([o["logits"] for o in outs]) if ps.is_pipeline_last_stage() else None
 
 
+@torch.no_grad()
+def _merged_logits(chunks, inputs: torch.Tensor, arch: ModelArchitecture) -> torch.Tensor | None:
+    """Logits with every LoRA linear's weight replaced by `merged_weight` (adapters must be off)."""
+    linears = lora_linears(chunks)
+    saved = [linear.weight.detach().clone() for linear in linears]
+    merged = [merged_weight(linear) for linear in linears]
+    for linear, weight in zip(linears, merged):
+        linear.weight.copy_(weight)
+    try:
+        return _logits(chunks, inputs, arch)
+    finally:
+        for linear, weight in zip(linears, saved):
+            linear.weight.copy_(weight)
+
+
 def check_lora_layout(layout, arch, hf_dir: str, adapter_dir: str, tokens: torch.Tensor, ref: dict) -> dict:
     from megatron.core import parallel_state as ps
 
@@ -90,12 +109,14 @@ def check_lora_layout(layout, arch, hf_dir: str, adapter_dir: str, tokens: torch
     lora = _logits(chunks, inputs, arch)
     with adapters_disabled(chunks):
         disabled = _logits(chunks, inputs, arch)
+        merged = _merged_logits(chunks, inputs, arch)
     flags = torch.tensor(
         [
             float(not last or torch.equal(init, base)),
             float(not last or torch.equal(disabled, base)),
             (lora - ref["logits"]).abs().max().item() if last else 0.0,
             (lora - base).abs().max().item() if last else 0.0,
+            (merged - lora).abs().max().item() if last else 0.0,
         ]
     )
 
@@ -123,7 +144,7 @@ def check_lora_layout(layout, arch, hf_dir: str, adapter_dir: str, tokens: torch
     missing = set(ref["grads"]) - set(grads)
     mins = torch.stack([flags[0], flags[1]])
     dist.all_reduce(mins, op=dist.ReduceOp.MIN)
-    diff = flags[2:4].clone()
+    diff = flags[2:5].clone()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     layout.destroy()
     return {
@@ -134,6 +155,7 @@ def check_lora_layout(layout, arch, hf_dir: str, adapter_dir: str, tokens: torch
         "disabled_equals_base": bool(mins[1]),
         "max_abs_logit_diff": diff[0].item(),
         "adapter_effect": diff[1].item(),  # max |Δlogits| the adapter makes: the comparison means something
+        "merged_logit_diff": diff[2].item(),  # the base weights with merged_weight's, adapters off
         "hf_logits_abs_max": ref["logits"].abs().max().item(),
         "loss_abs_diff": abs(loss.item() - ref["loss"]),
         "max_abs_grad_diff": grad_diff,
@@ -168,6 +190,7 @@ def main(argv: list[str]) -> list[dict]:
             and r["disabled_equals_base"]
             and not r["missing_grads"]
             and r["max_abs_logit_diff"] <= args.tolerance
+            and r["merged_logit_diff"] <= args.tolerance
             and r["loss_abs_diff"] <= args.tolerance
             and r["grad_norm_rel_diff"] <= 1e-4,
             seconds=round(time.perf_counter() - start, 2),
