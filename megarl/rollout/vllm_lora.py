@@ -22,6 +22,8 @@ import typing
 
 import torch
 
+from megarl.config.schema_lora import MEGATRON_LINEARS, PROJECTIONS
+
 # The engine's only adapter slot: the current policy's adapter, replaced at every sync.
 ADAPTER_ID = 1
 ADAPTER_NAME = "megarl-policy"
@@ -29,19 +31,8 @@ ADAPTER_NAME = "megarl-policy"
 # part of the prefix-cache key.
 _ADAPTER_PATH = "megarl://in-memory-adapter"
 
-_HF_LINEARS = {  # target_modules names → the Hugging Face projections they cover
-    "q_proj": ("q_proj",),
-    "k_proj": ("k_proj",),
-    "v_proj": ("v_proj",),
-    "o_proj": ("o_proj",),
-    "gate_proj": ("gate_proj",),
-    "up_proj": ("up_proj",),
-    "down_proj": ("down_proj",),
-    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
-    "linear_proj": ("o_proj",),
-    "linear_fc1": ("gate_proj", "up_proj"),
-    "linear_fc2": ("down_proj",),
-}
+# target_modules names → the Hugging Face projections they cover
+_HF_LINEARS = {**{p: (p,) for p in PROJECTIONS}, **MEGATRON_LINEARS}
 _ROW_PARALLEL = ("o_proj", "down_proj")  # the engine splits their input dimension; the rest their output
 _PEFT_NAME = re.compile(r"\.(?P<projection>\w+)\.lora_(?P<part>[AB])\.weight$")
 _WORKER_STATE = "_megarl_adapter"  # the worker attribute holding the installed adapter
