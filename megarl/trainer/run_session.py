@@ -103,6 +103,8 @@ class RunSession:
         self._log = ProgressLog.for_run(cfg, self.total_steps, self.is_writer, self.stream, resume_step)
         for note in self.notes:
             self._log.warn(note)
+        if cfg.actor.lora.rank > 0 and cfg.actor.backend == "megatron":
+            self._log.message(f"{self.says}: {lora_line(cfg)}")
         if self.is_writer:  # config.yaml + run_info.json (machine, layout per role)
             write_run_files(cfg, self.output_dir)
         if self.roles is None:
@@ -264,3 +266,15 @@ class SessionTrainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lora_line(cfg: MegarlConfig) -> str:
+    """What LoRA does in this run, in one console line."""
+    from megarl.config.lora_checks import resolve_lora_sync
+
+    lora = cfg.actor.lora
+    mode, why = resolve_lora_sync(lora)
+    sync = "adapters only (the base once)" if mode == "adapter" else "merged into the base weights"
+    ref = "; reference = the actor with its adapters off" if cfg.ref.enable else ""
+    targets = ", ".join(lora.target_modules)
+    return f"LoRA r={lora.rank} alpha={lora.alpha:g} on {targets}: engine sync {sync} ({why}){ref}"
