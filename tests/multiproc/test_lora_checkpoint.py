@@ -126,9 +126,22 @@ def test_merged_exports_give_the_megatron_logits(saved, tiny_models, tmp_path):
         assert (logits - saved["logits"]).abs().max().item() <= TOLERANCE < (logits - base).abs().max().item()
 
 
-def test_merge_lora_of_a_full_checkpoint_is_refused(saved, tmp_path):
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("full", ["is a full checkpoint, not a LoRA one", "leave them out"]),
+        ("no_base", ["nowhere is not there", "pass --base DIR"]),
+        ("other_base", ["--base", "has family qwen2", "the adapters' model had family llama"]),
+    ],
+)
+def test_refused_exports_name_the_fix(saved, tiny_models, tmp_path, case, words):
     from megarl.checkpoint.format import CheckpointError
     from megarl.checkpoint.hf_export import export_checkpoint_hf
 
-    with pytest.raises(CheckpointError, match="is a full checkpoint, not a LoRA one"):
-        export_checkpoint_hf(saved["root"] / "full", tmp_path / "out", merge_lora=True)
+    ckpt = saved["root"] / ("full" if case == "full" else "ckpt")
+    base = {"full": None, "no_base": tmp_path / "nowhere", "other_base": tiny_models["qwen2"]}[case]
+    with pytest.raises(CheckpointError) as e:
+        export_checkpoint_hf(ckpt, tmp_path / "out", merge_lora=True, base=base)
+    for word in words:
+        assert word in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
