@@ -66,10 +66,7 @@ def verify_model(args: argparse.Namespace) -> int:
     worker_args = ["--hf", args.hf, "--layouts", layout, "--tolerance", str(args.tolerance)]
     program = "megarl.models.verify"
     if args.lora_adapter:
-        program, worker_args = (
-            "megarl.models.lora.verify",
-            [*worker_args, "--lora-adapter", args.lora_adapter],
-        )
+        program, worker_args = "megarl.models.lora.verify", [*worker_args, "--lora-adapter", args.lora_adapter]
     outcome = launch(program, worker_args, nproc)
     for r in outcome["results"]:
         if args.json:
