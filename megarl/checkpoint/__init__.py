@@ -15,6 +15,8 @@
     safe_load.py        loading megatron dist-checkpoints without running code from the files
     dist_reader.py      full tensors out of a dist-checkpoint one layer at a time, in one process
     hf_export.py        HF safetensors from a live model or from a checkpoint directory
+    lora_state.py       a LoRA role's checkpoint: adapters only, its recorded settings, refused mismatches
+    lora_export.py      PEFT adapter directories and merged HF models, live or from a LoRA checkpoint
     convert_program.py  the rank program of `megarl convert` (hf-to-mcore, mcore-to-hf)
 
 The HF <-> megatron name and layout tables, TP sharding and HF safetensors I/O are the model's own and

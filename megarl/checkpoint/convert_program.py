@@ -1,6 +1,6 @@
 """The rank program of `megarl convert` (megarl.distributed.rank_program): HF <-> megarl megatron
 checkpoints. Its spec is an argv: `hf-to-mcore --hf DIR --out DIR --tp N --pp N ...` or
-`mcore-to-hf --ckpt PATH --out DIR [--role R] [--max-shard-size S]`."""
+`mcore-to-hf --ckpt PATH --out DIR [--role R] [--max-shard-size S] [--merge-lora] [--base DIR]`."""
 
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def mcore_to_hf(args: argparse.Namespace) -> dict:
     ckpt_dir = resolve_role_checkpoint(args.ckpt, args.role)
     if dist.get_rank() != 0:
         return {}
-    return export_checkpoint_hf(ckpt_dir, args.out, args.max_shard_size, overwrite=True)
+    return export_checkpoint_hf(
+        ckpt_dir, args.out, args.max_shard_size, overwrite=True, merge_lora=args.merge_lora, base=args.base
+    )
 
 
 def main(argv: list[str]) -> dict:
@@ -84,6 +86,8 @@ def main(argv: list[str]) -> dict:
     to_hf.add_argument("--out", required=True)
     to_hf.add_argument("--role", default="actor")
     to_hf.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE)
+    to_hf.add_argument("--merge-lora", action="store_true")
+    to_hf.add_argument("--base", default=None)
     args = parser.parse_args(argv)
 
     start = time.perf_counter()

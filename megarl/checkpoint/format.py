@@ -70,10 +70,16 @@ def finish_write(staging: Path, out_dir: str | Path) -> None:
     dist.barrier()
 
 
-def _sharded_state(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+def _sharded_state(chunks: list[torch.nn.Module], adapters_only: bool = False) -> dict[str, Any]:
+    """The chunks' sharded state dicts by chunk; `adapters_only`: their LoRA adapters' entries alone."""
+    from megarl.checkpoint.lora_state import adapter_entries
+
+    states = [chunk.sharded_state_dict() for chunk in chunks]
+    if adapters_only:
+        states = [adapter_entries(state) for state in states]
     if len(chunks) == 1:
-        return {"model": chunks[0].sharded_state_dict()}
-    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+        return {"model": states[0]}
+    return {f"model{i}": state for i, state in enumerate(states)}
 
 
 def save_model(
@@ -82,14 +88,17 @@ def save_model(
     meta: dict[str, Any],
     hf_dir: str | Path,
     sharded_strategy: Any = None,
+    adapters_only: bool = False,
 ) -> None:
     """Collective: every rank writes its shards; rank 0 writes the metadata and HF files.
-    `sharded_strategy`: megatron's save strategy (None: its default, torch_dist)."""
+    `sharded_strategy`: megatron's save strategy (None: its default, torch_dist); `adapters_only`: only
+    the LoRA adapters (the base is the model path's)."""
     from megatron.core import dist_checkpointing
 
     from megarl.models.convert.hf_io import copy_hf_metadata
 
-    dist_checkpointing.save(_sharded_state(chunks), str(staging / "model"), sharded_strategy)
+    state = _sharded_state(chunks, adapters_only)
+    dist_checkpointing.save(state, str(staging / "model"), sharded_strategy)
     if dist.get_rank() == 0:
         copy_hf_metadata(hf_dir, staging / "hf")
         (staging / META_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2))
@@ -133,14 +142,21 @@ def padded_vocab_for(meta: dict[str, Any], layout: ParallelLayout) -> int:
     return padded
 
 
-def load_model(chunks: list[torch.nn.Module], ckpt_dir: str | Path) -> None:
+def load_model(chunks: list[torch.nn.Module], ckpt_dir: str | Path, adapters_only: bool = False) -> None:
     """Collective: fill `chunks` (any layout) from the checkpoint's dist-checkpoint (no code from the
-    files runs: `safe_load.no_code_unpickling`)."""
+    files runs: `safe_load.no_code_unpickling`); `adapters_only`: only their LoRA adapters, from an
+    adapter-only checkpoint (the base weights stay as loaded from the model path)."""
     from megatron.core import dist_checkpointing
 
+    from megarl.checkpoint.lora_state import ADAPTER_MARK
     from megarl.checkpoint.safe_load import no_code_unpickling
 
     with no_code_unpickling():
-        state = dist_checkpointing.load(_sharded_state(chunks), str(Path(ckpt_dir) / "model"))
+        state = dist_checkpointing.load(_sharded_state(chunks, adapters_only), str(Path(ckpt_dir) / "model"))
     for i, chunk in enumerate(chunks):
-        chunk.load_state_dict(state["model" if len(chunks) == 1 else f"model{i}"])
+        keys = chunk.load_state_dict(
+            state["model" if len(chunks) == 1 else f"model{i}"], strict=not adapters_only
+        )
+        missing = [k for k in keys.missing_keys if ADAPTER_MARK in k]  # strict=False: check the adapters
+        if missing:
+            raise CheckpointError(f"{ckpt_dir}: the adapters {', '.join(missing[:3])} were not loaded")

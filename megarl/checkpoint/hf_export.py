@@ -5,7 +5,9 @@ Two sources, one shard writer (safetensors_shards):
   gather each tensor; the first DP replica's TP rank 0 of each PP stage writes that stage's shards; rank 0
   writes the index and the config/tokenizer files.
 - `export_checkpoint_hf`: a megarl checkpoint directory, in one process without megatron: tensors are
-  read one layer at a time from the dist-checkpoint (dist_reader). An FSDP role's checkpoint
+  read one layer at a time from the dist-checkpoint (dist_reader). An adapter-only (LoRA) checkpoint
+  becomes a PEFT adapter directory, or with `merge_lora` its base with the adapters merged
+  (megarl.checkpoint.lora_export). An FSDP role's checkpoint
   (megarl.fsdp.checkpoint) already holds transformers' names: its model is rebuilt from hf/config.json,
   filled from the DCP and written by its own `save_pretrained` (the whole model in memory once).
 
@@ -42,6 +44,8 @@ from megarl.checkpoint.format import (
     partial_dir,
     read_meta,
 )
+from megarl.checkpoint.lora_export import read_checkpoint_adapter, write_lora_export
+from megarl.checkpoint.lora_state import LORA_KEY
 from megarl.checkpoint.safe_load import no_code_unpickling
 from megarl.errors import MegarlError
 from megarl.models.convert import llama
@@ -134,12 +138,16 @@ def export_checkpoint_hf(
     out_dir: str | Path,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     overwrite: bool = False,
+    merge_lora: bool = False,
+    base: str | Path | None = None,
 ) -> dict:
     """Write the megarl checkpoint at `ckpt_dir` (a role or converted checkpoint) as an HF checkpoint at
     `out_dir`, one layer in memory at a time. One process, no torch.distributed; returns a summary.
     `out_dir` may not be, contain or lie inside `ckpt_dir`; `overwrite` replaces an earlier export but
     never a training run or trained checkpoint (megarl.output_guard). A failed export leaves no
-    `<out_dir>.partial`, and errors name the side at fault: the checkpoint read or the output written."""
+    `<out_dir>.partial`, and errors name the side at fault: the checkpoint read or the output written.
+    A LoRA checkpoint is written as a PEFT adapter, with `merge_lora` as the merged model of its base
+    (`base`, else the base path it recorded)."""
     start = time.perf_counter()
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
     meta = read_meta(ckpt_dir)
@@ -158,6 +166,22 @@ def export_checkpoint_hf(
                 + "\n  ".join(problems)
                 + "\nexport an earlier checkpoint (--ckpt <run>/checkpoints/step_<N>); this one cannot be repaired"
             )
+    if LORA_KEY in meta:
+        with no_code_unpickling(), _read_errors(ckpt_dir):
+            adapter = read_checkpoint_adapter(ckpt_dir, meta)
+        with _write_errors(out_dir, sum(t.numel() * t.element_size() for t in adapter.values())):
+            result = write_lora_export(adapter, meta, out_dir, merge_lora, base, max_shard_size)
+        return {
+            **result,
+            "out": str(out_dir),
+            "from": str(ckpt_dir),
+            "seconds": round(time.perf_counter() - start, 2),
+        }
+    if merge_lora or base is not None:
+        raise CheckpointError(
+            f"{ckpt_dir} is a full checkpoint, not a LoRA one: --merge-lora and --base apply to adapter "
+            "checkpoints only; leave them out"
+        )
     if meta.get("backend") == "fsdp":
         return _export_fsdp_checkpoint(ckpt_dir, out_dir, meta, start)
     arch = ModelArchitecture.from_pretrained(ckpt_dir / "hf")

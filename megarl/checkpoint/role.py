@@ -4,7 +4,9 @@
       megarl_checkpoint.json   format, dtype, padded vocabulary, saved layout, source, architecture
                                fingerprint, world_size, has_optimizer
       hf/                      config.json + tokenizer of the source model
-      model/                   dist-checkpoint of the weights (what `megarl convert mcore-to-hf` reads)
+      model/                   dist-checkpoint of the weights (what `megarl convert mcore-to-hf` reads);
+                               of a LoRA model its adapters only, the settings under "lora" in the meta
+                               (megarl.checkpoint.lora_state: the frozen base is the model path's)
       optimizer/               dist-checkpoint of megatron's optimizer state (distributed optimizer:
                                fully_reshardable), loadable at any TP/PP/DP
       scheduler.json           OptimizerParamScheduler.state_dict()
@@ -19,6 +21,7 @@ Both functions are collective over the role's world.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +40,7 @@ from megarl.checkpoint.format import (
     read_meta,
     save_model,
 )
+from megarl.checkpoint.lora_state import LORA_KEY, check_lora, lora_meta
 from megarl.checkpoint.role_common import (
     OPTIMIZER_DIR,
     all_or_none,
@@ -54,6 +58,8 @@ from megarl.checkpoint.safe_load import no_code_unpickling
 from megarl.controller import faults
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.from_hf import ModelArchitecture
+
+_log = logging.getLogger(__name__)
 
 # fully_reshardable: the distributed optimizer's state in model space, so any TP/PP/DP can load it.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
@@ -166,6 +172,17 @@ def _states_without_step(train_optimizer) -> Iterator[None]:
             del opt._set_main_param_and_optimizer_states  # the class's method again
 
 
+def _check_lora_given(chunks: list[torch.nn.Module], lora: Any) -> None:
+    from megarl.models.lora.apply import has_lora
+
+    if has_lora(chunks) != (lora is not None):
+        raise ValueError(
+            "pass lora= the LoraConfig the chunks' adapters were made with"
+            if lora is None
+            else "lora= is given but the chunks have no adapters (apply_lora first)"
+        )
+
+
 def _dp_parallel_save():
     """Megatron's fully parallel save: the data-parallel replicas split the writing of replicated
     tensors (by default the first replica writes them all)."""
@@ -187,11 +204,13 @@ def save_train_state(
     extra_state: dict[str, Any] | None = None,
     *,
     arch: ModelArchitecture | None = None,
+    lora: Any = None,
 ) -> dict[str, Any]:
     """Collective: write the role checkpoint into `role_dir` (created; the caller stages and renames).
     `meta` holds dtype, padded_vocab_size and source; `extra_state` the worker's counters (JSON values
     or tensors, per rank). An optimizer that has not stepped yet has no state: has_optimizer is then
-    false. Returns this rank's {rank, seconds, bytes_written}."""
+    false. `lora`: the LoraConfig of chunks with adapters: only the adapters are written, `hf_dir` is
+    recorded as their base. Returns this rank's {rank, seconds, bytes_written}."""
     from megatron.core import dist_checkpointing
 
     start = time.perf_counter()
@@ -213,13 +232,16 @@ def save_train_state(
     }
     if arch is not None:
         full_meta["architecture"] = fingerprint(arch)
+    _check_lora_given(chunks, lora)
+    if lora is not None:
+        full_meta[LORA_KEY] = lora_meta(lora, hf_dir)
     if rank == 0:
         for sub in ("model", OPTIMIZER_DIR, rng_state.RNG_DIR):
             (role_dir / sub).mkdir(parents=True, exist_ok=True)
     dist.barrier()
     modules = _modules(chunks)
     with save_errors(role_dir, rank):
-        save_model(modules, role_dir, full_meta, hf_dir, _dp_parallel_save())
+        save_model(modules, role_dir, full_meta, hf_dir, _dp_parallel_save(), adapters_only=lora is not None)
     faults.point(meta.get("role", "?"), "save_checkpoint:model_written", rank)  # MEGARL_FAULT tests
     if has_optimizer:
         opt_state = train_optimizer.optimizer.sharded_state_dict(
@@ -253,10 +275,12 @@ def load_train_state(
     *,
     arch: ModelArchitecture | None = None,
     model_path: str | None = None,
+    lora: Any = None,
 ) -> dict[str, Any]:
     """Collective: verify `role_dir` (manifest sizes and checksums, architecture against `arch`, padded
-    vocabulary) and fill the chunks, the optimizer and the scheduler from it; restore the RNG when the
-    layout is the saved one. Raises CheckpointError, on every rank, before changing anything when the
+    vocabulary, LoRA settings against `lora`: the chunks' LoraConfig, None without adapters) and fill the
+    chunks (of a LoRA model: its adapters), the optimizer and the scheduler from it; restore the RNG when
+    the layout is the saved one. Raises CheckpointError, on every rank, before changing anything when the
     checkpoint is unusable. Returns a report; "extra_state" holds the worker's saved counters."""
     from megatron.core import dist_checkpointing
 
@@ -271,6 +295,15 @@ def load_train_state(
     mf.verify_collective(role_dir, manifest)
     if arch is not None:
         check_fingerprint(meta, arch, role_dir, model_path or "?")
+    _check_lora_given(chunks, lora)
+    check_lora(meta, lora, arch, role_dir, meta.get("role", "actor"))
+    if lora is not None and model_path and meta[LORA_KEY]["base_model_path"] != str(model_path):
+        _log.warning(
+            "%s: its adapters were trained on %s; they are loaded onto model.path %s (same architecture)",
+            role_dir,
+            meta[LORA_KEY]["base_model_path"],
+            model_path,
+        )
     modules = _modules(chunks)
     padded = padded_vocab_for(meta, layout)
     built = getattr(modules[0], "vocab_size", padded)
@@ -282,7 +315,7 @@ def load_train_state(
     report: dict[str, Any] = {"from": str(role_dir), "saved_layout": meta.get("saved_layout"), "model": True}
     with torch.no_grad(), no_code_unpickling():
         with load_errors(role_dir, "model"):
-            load_model(modules, role_dir)
+            load_model(modules, role_dir, adapters_only=lora is not None)
         if train_optimizer is None or not load_optimizer:
             report["optimizer"] = "not loaded"
         elif not meta.get("has_optimizer"):

@@ -239,6 +239,7 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
     The workers then verify the checksums, split over their ranks, when they load."""
     from megarl.checkpoint import manifest as mf
     from megarl.checkpoint.format import CheckpointError, read_meta
+    from megarl.checkpoint.lora_state import check_lora
     from megarl.checkpoint.role import check_fingerprint
     from megarl.checkpoint.role_common import check_hf_fingerprint
     from megarl.config.roles import role_spec
@@ -254,7 +255,8 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
                 + "\n  ".join(problems)
                 + "\nresume from an earlier checkpoint (trainer.resume=<run>/checkpoints/step_<N>)"
             )
-        model_path = role_spec(cfg, role, total_steps).model.path
+        spec = role_spec(cfg, role, total_steps)
+        model_path = spec.model.path
         if meta.get("backend") == "fsdp":  # any transformers model: its config.json is the fingerprint
             from transformers import AutoConfig
 
@@ -264,6 +266,7 @@ def precheck_roles(step_dir: Path, cfg: Any, total_steps: int, roles: list[str])
         # the critic, and the reward model the rm job trains in the actor's place, have a scalar head
         scalar = role == "critic" or cfg.algorithm.name == "rm"
         check_fingerprint(meta, arch.with_scalar_head() if scalar else arch, role_dir, model_path)
+        check_lora(meta, getattr(spec, "lora", None), arch, role_dir, role)  # adapter-only or full alike
 
 
 def capture_rng() -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 megarl convert hf-to-mcore --hf DIR --out DIR --tp N --pp N
 megarl convert mcore-to-hf --ckpt CKPT|STEP|RUN [--role R] --out DIR [--max-shard-size 5GB]
+                           [--merge-lora] [--base DIR]   (a LoRA checkpoint: a PEFT adapter, or merged)
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-shard-size",
         default="5GB",
         help="largest safetensors file, like save_pretrained: 5GB, 500MB, 2GiB",
+    )
+    to_hf.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="a LoRA checkpoint: write its base with the adapters merged, not a PEFT adapter directory",
+    )
+    to_hf.add_argument(
+        "--base", default=None, help="a LoRA checkpoint's base HF model (default: the path it recorded)"
     )
     to_hf.add_argument("--overwrite", action="store_true")
     to_hf.set_defaults(func=convert_checkpoint)
@@ -98,6 +107,10 @@ def _mcore_to_hf(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-shard-size: {e}") from None
     ckpt = resolve_role_checkpoint(args.ckpt, args.role)
     read_meta(ckpt)
-    _check_out(Path(args.out), {"the checkpoint --ckpt names": ckpt}, args.overwrite)
-    print(json.dumps(export_checkpoint_hf(ckpt, args.out, max_shard_bytes, overwrite=args.overwrite)))
+    inputs = {"the checkpoint --ckpt names": ckpt, **({"--base": args.base} if args.base else {})}
+    _check_out(Path(args.out), inputs, args.overwrite)
+    result = export_checkpoint_hf(
+        ckpt, args.out, max_shard_bytes, args.overwrite, merge_lora=args.merge_lora, base=args.base
+    )
+    print(json.dumps(result))
     return 0

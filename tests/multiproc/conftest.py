@@ -32,6 +32,7 @@ ORDER_2 = (
     "reward_hf_dp",
     "fsdp",
     "checkpoint_load",
+    "lora_checkpoint",
     "fsdp_checkpoint",
     "fsdp_sync_engine",
 )

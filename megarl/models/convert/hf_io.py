@@ -46,13 +46,21 @@ class HFCheckpointReader:
     def names(self) -> list[str]:
         return list(self._file_of)
 
-    def get(self, name: str) -> torch.Tensor:
+    def _handle(self, name: str):
         if name not in self._file_of:
             raise KeyError(f"tensor {name!r} is not in the checkpoint at {self.path}")
         file = self._file_of[name]
         if file not in self._handles:
             self._handles[file] = safe_open(file, framework="pt")
-        return self._handles[file].get_tensor(name)
+        return self._handles[file]
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handle(name).get_tensor(name)
+
+    def describe(self, name: str) -> tuple[tuple[int, ...], str]:
+        """(shape, safetensors dtype such as "BF16") of a tensor, without reading it."""
+        piece = self._handle(name).get_slice(name)
+        return tuple(piece.get_shape()), piece.get_dtype()
 
 
 def copy_hf_metadata(src: str | Path, dst: str | Path) -> None:
