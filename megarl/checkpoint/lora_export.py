@@ -185,9 +185,9 @@ def export_lora(
     failure = None
     if dist.get_rank() == 0:
         try:
-            write_peft(out_dir, adapter, cfg, str(base_model_path))
-            if merged_dir is not None:
+            if merged_dir is not None:  # first: it replaces merged_dir, which may hold out_dir
                 write_merged_hf(base_model_path, adapter, cfg, merged_dir, max_shard_size)
+            write_peft(out_dir, adapter, cfg, str(base_model_path))
         except (OSError, ValueError, CheckpointError) as e:
             failure = f"exporting the adapters to {out_dir} failed: {type(e).__name__}: {e}"
     failed = [failure]

@@ -9,6 +9,7 @@ schedule. What every backend does alike (micro-batching, forward-only passes, of
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -139,7 +140,25 @@ class MegatronWorker(ModelWorker):
         from megarl.checkpoint.hf_export import export_hf
 
         self.check_loaded()
+        if self.spec.lora is not None:
+            return self._write_lora(out_dir)
         return str(export_hf(self.chunks, self.arch, self.spec.model.path, out_dir))
+
+    def _write_lora(self, out_dir: str) -> str:
+        """LoRA: the merged model at `out_dir` (loads wherever an HF model does) and the PEFT adapter at
+        `out_dir`/adapter (`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model.path), …)`)."""
+        from megarl.checkpoint.lora_export import export_lora
+
+        assert self.spec.lora is not None
+        export_lora(
+            self.chunks,
+            self.arch,
+            self.spec.lora,
+            self.spec.model.path,
+            os.path.join(out_dir, "adapter"),
+            merged_dir=out_dir,
+        )
+        return out_dir
 
     # ---- checkpoint ----------------------------------------------------------------------------------
 
@@ -171,6 +190,7 @@ class MegatronWorker(ModelWorker):
             model.path,
             self._extra_state(),
             arch=self.arch,
+            lora=self.spec.lora,
         )
 
     @register(Dispatch.ONE_TO_ALL)
@@ -190,6 +210,7 @@ class MegatronWorker(ModelWorker):
             load_optimizer=optimizer,
             arch=self.arch,
             model_path=str(self.spec.model.path),
+            lora=self.spec.lora,
         )
         self._load_extra_state(report.pop("extra_state"))
         return {"rank": self.env.rank, **report}
