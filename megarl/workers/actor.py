@@ -228,6 +228,20 @@ class ActorRole(ModelWorker):
         group = 2 if settings.paired else 1
         return train_minibatches(self, seqs, fields, loss_fn, len(seqs), epochs=1, group=group)
 
+    @register(Dispatch.DP_COMPUTE)
+    def ref_log_prob(self, batch: Batch) -> Batch:
+        """The reference policy's log-prob of every response token (0 on padding): the frozen base, i.e.
+        this model with its LoRA adapters disabled (bitwise the base model's): with LoRA the actor is the
+        reference, and no second copy of the model is built."""
+        from megarl.models.lora.apply import adapters_disabled
+
+        if self.spec.lora is None:  # (megarl's FSDP backend has no LoRA)
+            raise ValueError(
+                "the actor is the reference only with LoRA (actor.lora.rank > 0, megatron backend)"
+            )
+        with adapters_disabled(self.chunks):
+            return response_log_probs(self, batch, Col.REF_LOG_PROBS)
+
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> str:
         """Write the current weights as a Hugging Face checkpoint at `out_dir` (collective); returns it."""
@@ -235,16 +249,4 @@ class ActorRole(ModelWorker):
 
 
 class ActorWorker(ActorRole, MegatronWorker):
-    """The actor on megatron-core. With LoRA (`actor.lora`) it is also the reference: the base model is
-    the actor with its adapters off, so no second copy is built."""
-
-    @register(Dispatch.DP_COMPUTE)
-    def ref_log_prob(self, batch: Batch) -> Batch:
-        """The reference policy's log-prob of every response token (0 on padding): the frozen base, i.e.
-        this model with its LoRA adapters disabled (bitwise the base model's)."""
-        from megarl.models.lora.apply import adapters_disabled
-
-        if self.spec.lora is None:
-            raise ValueError("the actor is the reference only with LoRA (actor.lora.rank > 0)")
-        with adapters_disabled(self.chunks):
-            return response_log_probs(self, batch, Col.REF_LOG_PROBS)
+    """The actor on megatron-core. With LoRA (`actor.lora`) it is also the reference (`ref_log_prob`)."""
