@@ -70,13 +70,20 @@ def finish_write(staging: Path, out_dir: str | Path) -> None:
     dist.barrier()
 
 
+def _trained_base(chunk: torch.nn.Module) -> set[str]:
+    """Names of the trained parameters of a LoRA chunk that are no adapter (a critic's value head)."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return {n for n, p in chunk.named_parameters() if p.requires_grad and ".lora." not in n}
+
+
 def _sharded_state(chunks: list[torch.nn.Module], adapters_only: bool = False) -> dict[str, Any]:
     """The chunks' sharded state dicts by chunk; `adapters_only`: their LoRA adapters' entries alone."""
     from megarl.checkpoint.lora_state import adapter_entries
 
     states = [chunk.sharded_state_dict() for chunk in chunks]
     if adapters_only:
-        states = [adapter_entries(state) for state in states]
+        states = [adapter_entries(state, _trained_base(chunk)) for state, chunk in zip(states, chunks)]
     if len(chunks) == 1:
         return {"model": states[0]}
     return {f"model{i}": state for i, state in enumerate(states)}

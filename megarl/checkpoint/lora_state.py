@@ -48,9 +48,12 @@ def settings(entry: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**{k: v for k, v in entry.items() if k != "base_model_path"})
 
 
-def adapter_entries(sharded: dict[str, Any]) -> dict[str, Any]:
-    """The adapter entries of a chunk's sharded_state_dict (the rest is the frozen base)."""
-    return {k: v for k, v in sharded.items() if ADAPTER_MARK in k}
+def adapter_entries(
+    sharded: dict[str, Any], trained: frozenset[str] | set[str] = frozenset()
+) -> dict[str, Any]:
+    """The entries of a chunk's sharded_state_dict a LoRA model trains: its adapters, and `trained` (the
+    other trained parameters' names: a critic's value head); the rest is the frozen base."""
+    return {k: v for k, v in sharded.items() if ADAPTER_MARK in k or k in trained}
 
 
 def _describe(entry: dict[str, Any]) -> str:
