@@ -146,13 +146,14 @@ class Resharder:
     ) -> Iterator[HFBucket]:
         """HF-named tensors for this rank's engine shard, in buckets; fills `stats` as it goes.
         `replaced`: megatron names → shards sent instead of the parameters' own (LoRA's merged weights),
-        and with `only` nothing else is sent."""
+        and with `only` nothing but their modules (a weight with its bias) is sent."""
         stats = stats if stats is not None else ReshardStats()
         self.replaced = replaced or {}
+        wanted = {module_of(name) for name in self.replaced}  # an engine layer is loaded whole (its bias too)
         bucket: HFBucket = []
         size, module = 0, None
         for entry in self.entries:
-            if only and entry.name not in self.replaced:
+            if only and module_of(entry.name) not in wanted:
                 continue
             # A bucket closes only between modules: the engine processes a layer (weight and bias, or
             # q/k/v) once, when all of it has arrived.

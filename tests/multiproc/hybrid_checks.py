@@ -1,6 +1,8 @@
 """Rank code for test_hybrid_engine: train -> reshard -> generate -> recompute, on 4 ranks.
 
-argv: MODEL CASE [CASE ...], a case being "t2p2g1" (training TP 2, PP 2, generation TP 1). For each case
+argv: MODEL CASE [CASE ...], a case being "t2p2g1" (training TP 2, PP 2, generation TP 1), with a suffix
+"a" for LoRA synced as adapters (the base once, then each engine rank its adapter region) or "m" for LoRA
+merged into the base weights (then only the targeted linears move). For each case
 the actor generates, recomputes the log-probs of the sampled tokens with Megatron, and takes an
 optimizer step, STEPS times; after every sync the engine's log-probs must equal Megatron's, so the engine
 really runs the updated weights. Rank 0 reports per case.
@@ -33,7 +35,7 @@ def prompts() -> Batch:
     return Batch(tensors={"prompts": ids, "attention_mask": mask})
 
 
-def config(model: str, tp: int, pp: int, gen_tp: int) -> MegarlConfig:
+def config(model: str, tp: int, pp: int, gen_tp: int, lora: str = "") -> MegarlConfig:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = model, "fp32"
     cfg.data.max_prompt_length, cfg.data.max_response_length = PROMPT, RESPONSE
@@ -47,14 +49,20 @@ def config(model: str, tp: int, pp: int, gen_tp: int) -> MegarlConfig:
     r.kv_cache_memory_bytes, r.max_num_seqs, r.enforce_eager = 16 << 20, 16, True
     r.reshard_bucket_mib = 1
     cfg.algorithm.ppo_mini_batch_size, cfg.algorithm.ppo_epochs = N_PROMPTS, 1
+    if lora:
+        cfg.actor.lora.rank, cfg.actor.lora.alpha, cfg.actor.lora.check_sync = 8, 16, True
+        cfg.actor.lora.sync = {"a": "adapter", "m": "merged"}[lora]
+        opt.lr = 1e-2  # B starts at 0: a larger step, so one update visibly moves the policy
+        if tp > 2:  # TP above the 2 key/value heads: q/k/v cannot carry adapters there
+            cfg.actor.lora.exclude_modules = ["linear_qkv"]
     return cfg
 
 
 def run_case(model: str, case: str) -> dict:
-    tp, pp, gen_tp = map(int, re.fullmatch(r"t(\d)p(\d)g(\d)", case).groups())
-    spec = role_spec(config(model, tp, pp, gen_tp), "actor")
+    tp, pp, gen_tp, lora = re.fullmatch(r"t(\d)p(\d)g(\d)([am]?)", case).groups()
+    spec = role_spec(config(model, int(tp), int(pp), int(gen_tp), lora), "actor")
     actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": spec})
-    diffs, ratios, changed, seconds = [], [], [], []
+    diffs, ratios, changed, seconds, moved = [], [], [], [], []
     previous = None
     for step in range(STEPS):
         out = actor.generate(prompts())
@@ -66,6 +74,9 @@ def run_case(model: str, case: str) -> dict:
         everyone = [torch.zeros_like(ratio) for _ in range(dist.get_world_size())]
         dist.all_gather(everyone, ratio)
         ratios.append([float(r[0] / r[1]) if r[1] else float(r[0] == 0) for r in everyone])
+        moved.append(
+            {"received": stats.received_bytes, "adapter": stats.adapter_bytes, "tensors": stats.tensors}
+        )
         seconds.append(out.meta["hybrid_engine"]["seconds"])
         if previous is not None:  # the update of the last step moved the log-probs of its rollouts
             before, batch = previous
@@ -77,6 +88,7 @@ def run_case(model: str, case: str) -> dict:
     result = {
         "max_abs_logprob_diff": diffs,
         "bytes_over_floor": ratios,
+        "moved": moved,  # this rank's sync of each step: bytes received, adapter bytes for its engine
         "update_moved_logprobs": changed,
         "engine_groups": actor.worker.hybrid.tp_groups,
         "engine_ranks": actor.worker.hybrid.rollout.tp_ranks,

@@ -9,7 +9,9 @@ from tests.multiproc.conftest import shared_result
 
 pytestmark = pytest.mark.multiproc
 
-CASES = ["t2p2g1", "t2p2g2", "t2p1g2", "t1p2g1", "t4p1g2"]
+# "a": LoRA synced as adapters (engine TP1 from PP2 × TP2 shards; engine TP2 from TP4 shards), "m": LoRA
+# merged into the base weights
+CASES = ["t2p2g1", "t2p2g2", "t2p1g2", "t1p2g1", "t4p1g2", "t2p2g1a", "t4p1g2a", "t2p1g2m"]
 # generation TP groups: strided by t/t_g inside each training TP group
 EXPECTED_GROUPS = {
     "t2p2g1": [[0], [1], [2], [3]],
@@ -47,6 +49,28 @@ def test_weight_sync_receives_exactly_the_floor(cases):
 
 def test_engine_runs_with_the_plan_groups(cases):
     for case, result in cases.items():
-        assert result["engine_groups"] == EXPECTED_GROUPS[case], case
-        expected_per_rank = [next(g for g in EXPECTED_GROUPS[case] if r in g) for r in range(4)]
+        expected = EXPECTED_GROUPS[case.rstrip("am")]
+        assert result["engine_groups"] == expected, case
+        expected_per_rank = [next(g for g in expected if r in g) for r in range(4)]
         assert result["engine_ranks"] == expected_per_rank, case
+
+
+LORA_TENSORS = 4 * 7 * 2  # the tiny model's 4 layers × 7 projections × (A, B)
+
+
+def test_lora_moves_the_base_once_then_adapters_or_merged_linears_only(cases):
+    """After the first sync (every base tensor) an adapter sync hands the engine the adapter tensors
+    alone, and a merged one the 7 targeted linears of each layer alone (with Qwen2's q/k/v biases: the
+    engine loads a layer whole); the engine served each step's
+    adapter (the log-prob check above, and actor.lora.check_sync compared checksums every sync)."""
+    # at TP4 (above the 2 key/value heads) q/k/v carry no adapter: 4 projections per layer
+    for case, adapters in (("t2p2g1a", LORA_TENSORS), ("t4p1g2a", LORA_TENSORS * 4 // 7)):
+        first, *later = cases[case]["moved"]
+        assert first["tensors"] > adapters and first["adapter"] > 0, (case, first)
+        for sync in later:
+            assert sync["tensors"] == adapters and sync["adapter"] > 0, (case, sync)
+    first, *later = cases["t2p1g2m"]["moved"]
+    merged = LORA_TENSORS // 2 + 4 * 3  # 7 weights and q/k/v biases per layer
+    assert first["tensors"] > merged and first["adapter"] == 0
+    for sync in later:
+        assert sync["tensors"] == merged and sync["adapter"] == 0, sync

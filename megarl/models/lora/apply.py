@@ -61,6 +61,14 @@ def apply_lora(chunks: list[torch.nn.Module], arch: ModelArchitecture, cfg: Any,
         parallel_state.get_tensor_model_parallel_rank(),
     )
     scaling = cfg.alpha / cfg.rank
+    qkv = any(
+        targeted(cfg, layer, p) for layer in range(arch.num_layers) for p in MEGATRON_LINEARS["linear_qkv"]
+    )
+    if qkv and tp > arch.num_kv_heads:  # megatron then splits the fused QKV output across query groups
+        raise ValueError(
+            f"LoRA on q/k/v needs tensor parallelism ≤ the model's {arch.num_kv_heads} key/value heads, not "
+            f"tp={tp}; lower tp or add linear_qkv to lora.exclude_modules"
+        )
     count = 0
     for chunk in chunks:
         model = _unwrap(chunk)
