@@ -45,17 +45,20 @@ class _Pending:
 
 class EngineDriver:
     """Steps `llm` (a `vllm.LLM`) in the thread that calls `serve`; `submit` is thread-safe. Every engine
-    call runs under `engine_guard()` (RNG, threads, CPU shims: `megarl.rollout.colocate.engine_call`)."""
+    call runs under `engine_guard()` (RNG, threads, CPU shims: `megarl.rollout.colocate.engine_call`);
+    every turn carries `lora_request` (the policy's adapter, `megarl.rollout.vllm_lora`; None: the base)."""
 
     def __init__(
         self,
         llm,
         engine_guard: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         log_probs: bool = False,
+        lora_request=None,
     ) -> None:
         self.llm = llm
         self.guard = engine_guard
         self.log_probs = log_probs
+        self.lora_request = lora_request
         self._inbox: queue.Queue[tuple[list[int], Any, str, Future]] = queue.Queue()
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -113,7 +116,9 @@ class EngineDriver:
             request_id = str(next(self.llm.request_counter))
             self._pending[request_id] = _Pending(future, conversation, prompt)
             with self.guard():
-                self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+                self.llm.llm_engine.add_request(
+                    request_id, {"prompt_token_ids": prompt}, params, lora_request=self.lora_request
+                )
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:

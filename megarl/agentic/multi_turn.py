@@ -102,11 +102,18 @@ class MultiTurnRollout:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def run(
-        self, batch: Batch, n: int, budget: int, seeds: list[int], params_for: ParamsFor, log_probs: bool
+        self,
+        batch: Batch,
+        n: int,
+        budget: int,
+        seeds: list[int],
+        params_for: ParamsFor,
+        log_probs: bool,
+        lora_request=None,
     ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
         """Each prompt's `n` samples (`megarl.rollout.base.Sample`'s fields) and the agent columns (see the
-        module doc), rows in sample order."""
-        driver = EngineDriver(self.llm, self.guard, log_probs)
+        module doc), rows in sample order; every turn runs with `lora_request` (None: the base model)."""
+        driver = EngineDriver(self.llm, self.guard, log_probs, lora_request)
         tools = self.tools.schemas if self.tools is not None else None
         fmt = self.format_for(tools)
         stops = fmt.stop_token_ids

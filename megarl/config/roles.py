@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from megarl.config.schema import (
     AlgorithmConfig,
@@ -63,6 +64,10 @@ class RolloutSpec:
     seed: int
     # async_training.partial_rollout (a separate pool's engines take new weights mid-generation)
     partial_rollout: bool = False
+    # the actor's adapters when they are synced alone (actor.lora, sync adapter): the engine runs with
+    # LoRA enabled and serves the adapter `VLLMRollout.load_adapter` hands it; None = no LoRA in the engine.
+    # A megarl.config.schema_lora.LoraConfig (issue 44; the engine reads rank, target_modules, exclude_modules)
+    lora: Any = None
 
 
 @dataclass(frozen=True)

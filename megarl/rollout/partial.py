@@ -59,11 +59,13 @@ def generate_across_syncs(
     version: int,
     log_probs: bool = True,
     engine_guard: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    lora_request=None,
 ) -> tuple[list[list[Sample]], int]:
     """Generate `params[i]` (a `vllm.SamplingParams`, `n` samples) for each prompt `prompts[i]` (token
     ids) on `llm`, calling `between_steps()` after every engine step. `version` is the engine's weights
     version at the start. Every call into the engine runs under `engine_guard()`, the callback outside
-    it (it sees the caller's RNG, threads and CPU shims). Returns each prompt's samples in order, each
+    it (it sees the caller's RNG, threads and CPU shims); every request carries `lora_request` (a
+    `vllm.lora.request.LoRARequest`, None for the base model). Returns each prompt's samples in order, each
     with per-token `versions`, and the version the engine holds at the end."""
     from vllm.sampling_params import RequestOutputKind
 
@@ -81,7 +83,7 @@ def generate_across_syncs(
                 p.output_kind = RequestOutputKind.DELTA  # each step reports only its new tokens
                 request_id = str(next(llm.request_counter))
                 prompt_of[request_id] = i
-                engine.add_request(request_id, {"prompt_token_ids": prompt}, p)
+                engine.add_request(request_id, {"prompt_token_ids": prompt}, p, lora_request=lora_request)
         while engine.has_unfinished_requests():
             with engine_guard():
                 outputs = engine.step()

@@ -5,6 +5,8 @@ mode; the ranks of one generation TP group form one engine replica and must call
 same prompts, the way the generation-layout dispatch hands them out. The groups are given (the
 3D-HybridEngine's plan, e.g. strided [[0, 2], [1, 3]]) rather than vLLM's consecutive ones. Weights
 come from the HF checkpoint at start-up and are replaced in place by `load_weights` after each sync.
+With LoRA in the rollout spec, the policy's adapter comes from memory through `load_adapter`
+(`megarl.rollout.vllm_lora`), and every request then runs with it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import gc
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -35,6 +38,13 @@ from megarl.rollout.vllm_groups import (
     engine_tp_ranks,
     given_tp_groups,
     spare_default_process_group,
+)
+from megarl.rollout.vllm_lora import (
+    adapter_request,
+    engine_lora_kwargs,
+    install_adapter,
+    installed_adapter_checksums,
+    reinstall_adapter,
 )
 
 # vLLM logs INFO lines per weight reload and cache reset, every step, from every rank: in a run's log
@@ -122,7 +132,9 @@ def _log_level(logger: str, level: int) -> Iterator[None]:
 def _engine_layers(worker) -> dict[str, set[str]]:
     model = worker.model_runner.model
     packed = getattr(model, "packed_modules_mapping", {})
-    return checkpoint_names_by_layer((name for name, _ in model.named_parameters()), packed)
+    # with LoRA enabled each linear is wrapped, its own parameters under `base_layer`
+    names = (name.replace(".base_layer.", ".") for name, _ in model.named_parameters())
+    return checkpoint_names_by_layer(names, packed)
 
 
 def _reprocess_tied_layers(worker) -> int:
@@ -176,6 +188,8 @@ class VLLMRollout(Rollout):
         # The version of the weights the engine holds (the caller's count of syncs; set it after each
         # load_weights between calls). A partial rollout tags every token with it and advances it.
         self.weights_version = 0
+        # the adapter every request carries (`load_adapter`); None: the base model alone
+        self.lora_request = None
         self.llm = self._start_engine()
         self.pad_token_id = self._pad_token_id()
         self.layers = self.llm.collective_rpc(_engine_layers)[0]
@@ -217,6 +231,7 @@ class VLLMRollout(Rollout):
             **({} if platform().is_cuda else {"block_size": _CPU_BLOCK_SIZE}),
             # vLLM's CPU sampler computes a log-softmax for this mode every step, asked for or not
             **({"logprobs_mode": _LOGPROBS_MODE} if self.has_log_probs else {}),
+            **(engine_lora_kwargs(cfg.lora) if cfg.lora is not None else {}),
         )
 
     @property
@@ -276,11 +291,23 @@ class VLLMRollout(Rollout):
         ]
         if between_steps is not None:
             samples, self.weights_version = generate_across_syncs(
-                self.llm, prompts, params, between_steps, self.weights_version, log_probs, engine_call
+                self.llm,
+                prompts,
+                params,
+                between_steps,
+                self.weights_version,
+                log_probs,
+                engine_call,
+                self.lora_request,
             )
             return rollout_batch(batch, samples, max_tokens, self.pad_token_id)
         with engine_call():
-            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts],
+                params,
+                use_tqdm=False,
+                lora_request=self.lora_request,
+            )
         samples = [
             [
                 Sample(
@@ -318,7 +345,9 @@ class VLLMRollout(Rollout):
             return SamplingParams(**args)
 
         seeds = self._request_seeds(len(batch))
-        fields, columns = self.multi_turn.run(batch, sampling.n, max_tokens, seeds, params_for, log_probs)
+        fields, columns = self.multi_turn.run(
+            batch, sampling.n, max_tokens, seeds, params_for, log_probs, self.lora_request
+        )
         samples = [[Sample(**f) for f in per_prompt] for per_prompt in fields]
         out = rollout_batch(batch, samples, max_tokens, self.pad_token_id)
         for key, value in columns.items():
@@ -339,6 +368,8 @@ class VLLMRollout(Rollout):
         with engine_call():
             loader = self._push(weights)
             self.llm.collective_rpc(_reprocess_tied_layers)
+            if loader == "reload_weights" and self.lora_request is not None:
+                self.llm.collective_rpc(reinstall_adapter)  # vLLM's reload drops every adapter
             # Running requests are preempted (none outside a partial rollout's between_steps): their
             # KV is recomputed with the new weights when they resume.
             if not self.llm.reset_prefix_cache(reset_running_requests=True):
@@ -357,6 +388,40 @@ class VLLMRollout(Rollout):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         return "reload_weights"
 
+    def load_adapter(self, tensors: Mapping[str, torch.Tensor], peft_config: Mapping) -> dict:
+        """Make `tensors` the adapter every later request runs with, replacing the one before; no files.
+
+        `tensors`: PEFT names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`) → full
+        shapes (A [r, in], B [out, r]); with engine TP > 1 each rank reads only its region
+        (`vllm_lora.engine_region`), the rest may be anything. `peft_config`: adapter_config.json's fields
+        (r, lora_alpha, target_modules). Cached prefixes computed with the old adapter are dropped;
+        requests in flight (a partial rollout's `between_steps`) recompute theirs with the new one.
+        Returns {"tensors", "bytes", "seconds"} and vLLM's build/activate seconds."""
+        if self.cfg.lora is None:
+            raise ValueError(
+                "this engine was built without LoRA (its rollout spec has lora=None); adapters can only be "
+                "loaded into an engine started with them (actor.lora.rank > 0, sync adapter)"
+            )
+        start = time.perf_counter()
+        with engine_call():
+            phases = self.llm.collective_rpc(install_adapter, args=(dict(tensors), dict(peft_config)))[0]
+            if not self.llm.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError("vLLM kept its prefix cache; outputs would mix adapters")
+        self.lora_request = adapter_request()
+        return {
+            "tensors": len(tensors),
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "seconds": time.perf_counter() - start,
+            **phases,
+        }
+
+    def engine_adapter_checksums(self) -> dict[str, float]:
+        """`vllm_lora.checksum` of what this rank's engine holds of each tensor of the loaded adapter (its
+        region, B without the scaling), by PEFT name; compare with `vllm_lora.region_checksums` of the
+        trainer's tensors (actor.lora.check_sync). Empty before the first `load_adapter`."""
+        with engine_call():
+            return self.llm.collective_rpc(installed_adapter_checksums)[0]
+
     def sleep(self, level: int = 1) -> bool:
         """Release the engine's device memory (level 1: weights to host, KV cache dropped; level 2: both
         dropped). Returns False, doing nothing, where vLLM has no sleep mode (CPU)."""
@@ -372,6 +437,9 @@ class VLLMRollout(Rollout):
             return False
         with engine_call():
             self.llm.wake_up(tags=tags)
+            if self.lora_request is not None and (tags is None or "weights" in tags):
+                # the adapter slots live with the weights; level 2 left them undefined
+                self.llm.collective_rpc(reinstall_adapter)
         return True
 
     def close(self) -> None:

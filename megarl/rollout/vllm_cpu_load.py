@@ -40,6 +40,7 @@ def load_into_layers(worker, weights: Weights) -> bool:
 
 def _plan(model: torch.nn.Module, packed: dict[str, list[str]], weights: Weights) -> Plan | None:
     """[(engine module, parameter name, tensor to load)], or None where the push needs vLLM's loader."""
+    from vllm.lora.layers import BaseLayerWithLoRA
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
@@ -55,6 +56,8 @@ def _plan(model: torch.nn.Module, packed: dict[str, list[str]], weights: Weights
     plan = []
     for (path, name, count), parts in groups.items():
         module = modules.get(path)
+        if isinstance(module, BaseLayerWithLoRA):  # LoRA enabled: the layer it wraps takes the weights
+            module = module.base_layer
         param = None if module is None else module._parameters.get(name)
         method = getattr(module, "quant_method", None)
         if param is None or sorted(parts) != list(range(count)):

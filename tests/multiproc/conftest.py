@@ -41,6 +41,7 @@ ORDER_1 = (
     "fsdp",
     "fsdp_checkpoint",
     "vllm_single",
+    "vllm_lora",
     "agentic",
     "tiny_archs",
 )

@@ -48,7 +48,7 @@ class ScriptedEngine:
         self.tokenizer, self.requests, self.request_counter = tokenizer, {}, count()
         self.llm_engine = self
 
-    def add_request(self, request_id, prompt, params) -> None:
+    def add_request(self, request_id, prompt, params, lora_request=None) -> None:
         ids = prompt["prompt_token_ids"]
         question = next(i for i, t in enumerate(FIRST_TURNS) if f"question {i}" in self.tokenizer.decode(ids))
         first = self.tokenizer.decode(ids).count("<|im_start|>assistant") == 1
