@@ -326,7 +326,7 @@ def table(result: dict) -> str:
             "",
             f"## {name} ({e['params'] / 1e6:.2f}M), LoRA r{e['rank']} α{e['alpha']:g} on {', '.join(e['targets'])}; "
             f"TP {e['tp']} × PP {e['pp']}, generation TP {e['gen_tp']}; {e['device']}, {e.get('cpu', '?')}, "
-            f"{e['threads']} threads per rank, {e['dtype']}",
+            f"torch threads per rank: {e['threads']}, {e['dtype']}",
             "",
             f"Update: {e['sequences']}×({e['prompt_len']}+{e['response_len']}) = {e['tokens']} tokens, median of "
             f"{e['repeats']} per side, the sides taking turns, after {e['warmup'] + 1} (the slowest rank). Bytes: "
