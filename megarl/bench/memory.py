@@ -12,14 +12,18 @@ kernel, and VmRSS is the baseline; once built, writing 5 to /proc/self/clear_ref
 the high-water mark VmHWM to the current RSS; after the updates the side's peak is VmHWM minus the
 baseline. So no sampling thread competes with the timed calls and no short peak is missed. What RSS
 cannot separate: pages the allocator keeps after a free still count (which is why each side trims
-first), and shared libraries the side loads for the first time count to it.
+first, and why a bench measures its peaks in a launch of its own under `exact_host_memory`), and shared
+libraries the side loads for the first time count to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -36,6 +40,33 @@ def _trim_heap() -> None:
     trim = getattr(libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def exact_host_memory() -> None:
+    """From here on glibc serves every allocation over 128 KiB by its own mmap, unmapped when freed, so
+    the RSS follows the live tensors. Otherwise freed buffers stay in the heap (by glibc's growing
+    threshold), where RSS counts them long after: a peak would count the heap's fragments. It slows
+    every allocation, hence a run of its own, launched under `exact_host_memory_launch`."""
+    from megarl.distributed.platform import set_malloc_options
+
+    set_malloc_options(mmap_threshold=128 << 10)
+
+
+@contextlib.contextmanager
+def exact_host_memory_launch() -> Iterator[None]:
+    """The ranks launched inside start without `Platform.reuse_freed_host_memory` (its heap settings
+    would override `exact_host_memory`'s)."""
+    from megarl.distributed.platform import REUSE_FREED_HOST_MEMORY_ENV
+
+    saved = os.environ.get(REUSE_FREED_HOST_MEMORY_ENV)
+    os.environ[REUSE_FREED_HOST_MEMORY_ENV] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(REUSE_FREED_HOST_MEMORY_ENV, None)
+        else:
+            os.environ[REUSE_FREED_HOST_MEMORY_ENV] = saved
 
 
 class PeakMemory:

@@ -6,7 +6,7 @@ generation plan for `--gen-tp`, and reshards the weights into generation-TP shar
 rank: bytes received, the plan's floor and their ratio, seconds per phase (PP broadcast, micro-DP
 gather, HF layout, engine load), and the peak extra memory over the transition (allocated on GPU; on
 CPU the RSS, sampled at every bucket, in a separate run after the timed ones with glibc made to
-return every freed tensor to the OS: see `_exact_host_memory`). Both paths run
+return every freed tensor to the OS: see `megarl.bench.memory.exact_host_memory`). Both paths run
 unless `--naive` or `--zero-only` picks one.
 
 `--bucket-mib A B …` sweeps the zero-redundancy path over bucket sizes (peak memory vs time). With
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import time
+
+from megarl.bench.memory import exact_host_memory, exact_host_memory_launch
 
 # what the ranks read from the command line's settings
 RANK_SETTINGS = (
@@ -82,7 +83,7 @@ def bench_rank(spec: dict) -> dict:
 
     args = argparse.Namespace(**spec)
     if args.memory_run:  # before anything is allocated: the heap holds nothing from the default mode
-        _exact_host_memory()
+        exact_host_memory()
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = args.hf, args.dtype
     cfg.actor.parallel.tp, cfg.actor.parallel.pp = args.tp, args.pp
@@ -125,16 +126,6 @@ def bench_rank(spec: dict) -> dict:
         if not args.memory_run:
             result["fresh_engine"] = _fresh_engine(worker, cfg, plan, args.export_dir)
     return result
-
-
-def _exact_host_memory() -> None:
-    """From here on glibc serves every allocation over 128 KiB by its own mmap, unmapped when freed, so
-    the RSS follows the live tensors. Otherwise freed buffers stay in the heap (by glibc's growing
-    threshold), where RSS counts them long after: the peak would be the transition's total. It slows
-    every allocation, hence a run of its own, launched without `Platform.reuse_freed_host_memory`."""
-    from megarl.distributed.platform import set_malloc_options
-
-    set_malloc_options(mmap_threshold=128 << 10)
 
 
 def _fresh_engine(worker, cfg, plan, export_dir: str) -> list[dict]:
@@ -196,21 +187,6 @@ def summarize(result: dict) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    """`values` in os.environ (the launched ranks inherit them) for the duration."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def table(result: dict) -> str:
     """The markdown report: the slowest rank's numbers per bucket size, and the fresh-engine restart."""
     lines = [
@@ -261,12 +237,12 @@ def run(args: argparse.Namespace) -> dict:
     import tempfile
     from pathlib import Path
 
-    from megarl.distributed.platform import REUSE_FREED_HOST_MEMORY_ENV, platform
+    from megarl.distributed.platform import platform
     from megarl.distributed.rank_program import launch_rank_program
 
     def launch(memory_run: bool) -> dict:
-        env = {REUSE_FREED_HOST_MEMORY_ENV: "0"} if memory_run else {}
-        with tempfile.TemporaryDirectory(prefix="megarl-reshard-export-") as export_dir, _environ(env):
+        exact = exact_host_memory_launch() if memory_run else contextlib.nullcontext()
+        with tempfile.TemporaryDirectory(prefix="megarl-reshard-export-") as export_dir, exact:
             spec = {
                 name: getattr(args, name)
                 for name in RANK_SETTINGS

@@ -15,6 +15,7 @@ TABLE_SUITES = {
     "rollout": "vLLM in the trainer after a weight sync vs a standalone engine",
     "reward": "the reward stage per row: contained in reward workers vs called in the driver",
     "async": "colocated vs separate engines at max_staleness 0/1/2 and partial rollouts, long-tail lengths",
+    "lora": "full fine-tuning vs LoRA: update tokens/s, optimizer state, peak memory, sync bytes and seconds",
 }
 SUITE_MODULES = {"async": "async_training"}  # `async` is a Python keyword
 

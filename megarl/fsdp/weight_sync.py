@@ -70,6 +70,7 @@ class FSDPWeightSync:
             stats.buckets += 1
             stats.tensors += len(bucket)
             stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
+            stats.bucket_bytes += size
             yield bucket
 
     # ---- the bucket plan (the same on every rank) ---------------------------------------------------

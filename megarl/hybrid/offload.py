@@ -299,16 +299,29 @@ def _optimizer_tensors(optimizer):
             yield from (_local(v) for v in state.values() if isinstance(v, torch.Tensor))
 
 
+def _optimizer_storages(opt: TrainOptimizer) -> list[torch.UntypedStorage]:
+    """The optimizer's own storages: Adam moments and the fp32 main parameters it keeps apart from the
+    model (storages shared with the model's parameters or gradients are the model's)."""
+    model = {
+        _storage_key(s) for s in _unique_storages(itertools.chain(_params(opt.chunks), _grads(opt.chunks)))
+    }
+    return _unique_storages(_optimizer_tensors(opt.optimizer), exclude=model)
+
+
+def training_state_bytes(opt: TrainOptimizer) -> dict[str, int]:
+    """This rank's device bytes of a trained role's state beside its weights: {"grads": the gradient
+    buffers, "optimizer": the optimizer's own state} — what offload_grads / offload_optimizer move."""
+    return {
+        "grads": sum(s.nbytes() for s in _unique_storages(_grads(opt.chunks))),
+        "optimizer": sum(s.nbytes() for s in _optimizer_storages(opt)),
+    }
+
+
 def offload_optimizer(opt: TrainOptimizer, target: OffloadTarget | None = None) -> OffloadReport:
     """Release the optimizer's device memory (`opt`: a TrainOptimizer): Adam moments and the fp32 main
     parameters it keeps apart from the model. Storages shared with the model's parameters or
     gradients (fp32 main params *are* the model's) are left to offload_params / offload_grads."""
-    model = {
-        _storage_key(s) for s in _unique_storages(itertools.chain(_params(opt.chunks), _grads(opt.chunks)))
-    }
-    return _offload(
-        opt, "optimizer", _unique_storages(_optimizer_tensors(opt.optimizer), exclude=model), target
-    )
+    return _offload(opt, "optimizer", _optimizer_storages(opt), target)
 
 
 def reload_optimizer(opt: TrainOptimizer) -> OffloadReport:

@@ -50,6 +50,7 @@ class ReshardStats:
     tensors: int = 0
     buckets: int = 0
     largest_bucket_bytes: int = 0
+    bucket_bytes: int = 0  # bytes of the HF tensors handed out in buckets (to this rank's engine)
     engine_loader: str = ""  # what put the buckets into the engine (VLLMRollout.load_weights)
     # LoRA: "adapter" (the adapter tensors only; the base once, at the first sync) or "merged"
     lora_sync: str = ""
@@ -173,6 +174,7 @@ class Resharder:
         stats.buckets += 1
         stats.tensors += len(bucket)
         stats.largest_bucket_bytes = max(stats.largest_bucket_bytes, size)
+        stats.bucket_bytes += size
         return bucket
 
     def _on_this_stage(self, entry: ParamEntry, stats: ReshardStats) -> torch.Tensor:
