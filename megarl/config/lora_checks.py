@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from megarl.config.errors import at_least, in_range, join, show_value
-from megarl.config.parallel_checks import ModelDims
 from megarl.config.schema import MegarlConfig
 from megarl.config.schema_lora import (
     ALL_LINEAR,
@@ -27,23 +26,12 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MERGE_IT = "merge it into the model (PeftModel.merge_and_unload) and start a new adapter from that"
 
 
-def check_lora(
-    cfg: MegarlConfig, problems: list[str], check_paths: bool = True, dims: ModelDims | None = None
-) -> None:
+def check_lora(cfg: MegarlConfig, problems: list[str], check_paths: bool = True) -> None:
     roles = ("actor", "critic") if cfg.critic.enable else ("actor",)
     for role in roles:
         section = getattr(cfg, role)
         key, lora = f"{role}.lora", section.lora
         _check_values(key, lora, problems)
-        kv_heads = dims.num_key_value_heads if dims else None
-        qkv = any(_targets(lora, p) for p in ("q_proj", "k_proj", "v_proj"))
-        if lora.rank > 0 and kv_heads and section.parallel.tp > kv_heads and qkv:
-            # megatron then splits the fused QKV output across query groups, not along q, k and v
-            problems.append(
-                f"{role}.parallel.tp={section.parallel.tp} is above the model's {kv_heads} key/value heads, "
-                f"where {key} cannot adapt q/k/v; set {role}.parallel.tp ≤ {kv_heads}, or add linear_qkv to "
-                f"{key}.exclude_modules"
-            )
         if lora.rank <= 0:
             if lora.rank == 0 and lora.adapter_path:
                 problems.append(

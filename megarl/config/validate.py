@@ -137,7 +137,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     _check_reward_terms(cfg, check_paths, problems)
     _check_torchrun_colocation(cfg, problems)
     check_backends(cfg, problems, check_paths)
-    check_lora(cfg, problems, check_paths, dims)
+    check_lora(cfg, problems, check_paths)
     check_async(cfg, problems)
     check_multi_turn(cfg, problems, check_paths)
     if problems:
