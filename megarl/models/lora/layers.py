@@ -62,13 +62,19 @@ def _column_delta(linear: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor
     sp = linear.sequence_parallel
     if sp:
         x = mappings.gather_from_sequence_parallel_region(x, group=linear.tp_group)
-    outs = []
-    for adapter in linear.lora.values():
-        h = F.linear(adapter.dropout(x), adapter.lora_A)
+    adapters = list(linear.lora.values())
+    if all(isinstance(a.dropout, torch.nn.Identity) for a in adapters):
+        # one GEMM for the A's of a fused linear (q, k, v; gate, up): they read the same input
+        a = adapters[0].lora_A if len(adapters) == 1 else torch.cat([a.lora_A for a in adapters])
+        h = F.linear(x, a)
         if not sp:
             h = mappings.copy_to_tensor_model_parallel_region(h, group=linear.tp_group)
-        outs.append(F.linear(h, adapter.lora_B) * adapter.scaling)
-    return outs
+        hs = h.split([a.lora_A.shape[0] for a in adapters], dim=-1)
+    else:
+        hs = [F.linear(a.dropout(x), a.lora_A) for a in adapters]
+        if not sp:
+            hs = [mappings.copy_to_tensor_model_parallel_region(h, group=linear.tp_group) for h in hs]
+    return [F.linear(h * a.scaling, a.lora_B) for a, h in zip(adapters, hs)]
 
 
 def _row_delta(linear: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +84,7 @@ def _row_delta(linear: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         h = mappings.reduce_scatter_to_sequence_parallel_region(h, group=linear.tp_group)
     else:
         h = mappings.reduce_from_tensor_model_parallel_region(h, group=linear.tp_group)
-    return F.linear(h, adapter.lora_B) * adapter.scaling
+    return F.linear(h * adapter.scaling, adapter.lora_B)
 
 
 def assemble(linear: torch.nn.Module, outs: list[torch.Tensor]) -> torch.Tensor:
