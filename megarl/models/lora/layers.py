@@ -13,7 +13,9 @@ Tensor parallelism, with x the linear's input and s = alpha / r:
 - row-parallel (o, down): A holds this rank's input columns; h = A_local·x_local is summed over TP
   (reduce-scattered over the sequence with SP, B then marked `sequence_parallel`); y = s·B·h.
 The outputs of a fused linear's adapters are laid out as its own output: q/k/v grouped per query group,
-fc1 as [gate_local; up_local].
+fc1 as [gate_local; up_local]. Transformer Engine's LayerNorm-fused linears (GPU) normalize their input
+inside; the adapters apply the same norm first (`_normed`; written for TE's attribute names, not yet run
+on a GPU).
 """
 
 from __future__ import annotations
@@ -58,10 +60,27 @@ class LoraAdapter(torch.nn.Module):
                 set_tensor_model_parallel_attributes(param, True, 0 if kind is ParamKind.COLUMN else 1, 1)
 
 
+def _normed(linear: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The input the linear's weight multiplies: Transformer Engine's LayerNorm-fused linears (the qkv
+    and fc1 of megatron's TE spec) take the un-normalized hidden states and normalize them inside, so the
+    adapters apply the same norm (its weights frozen) first."""
+    weight = getattr(linear, "layer_norm_weight", None)
+    if weight is None:
+        return x
+    if getattr(linear, "zero_centered_gamma", False):
+        weight = weight + 1
+    shape, x32, w32 = (x.shape[-1],), x.float(), weight.float()  # in fp32, as TE normalizes
+    if getattr(linear, "normalization", "LayerNorm") == "RMSNorm":
+        return F.rms_norm(x32, shape, w32, linear.eps).to(x.dtype)
+    bias = getattr(linear, "layer_norm_bias", None)
+    return F.layer_norm(x32, shape, w32, None if bias is None else bias.float(), linear.eps).to(x.dtype)
+
+
 def _column_delta(linear: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     sp = linear.sequence_parallel
     if sp:
         x = mappings.gather_from_sequence_parallel_region(x, group=linear.tp_group)
+    x = _normed(linear, x)
     adapters = list(linear.lora.values())
     if all(isinstance(a.dropout, torch.nn.Identity) for a in adapters):
         # one GEMM for the A's of a fused linear (q, k, v; gate, up): they read the same input

@@ -86,3 +86,27 @@ def test_merge_into_hf_adds_the_scaled_product_to_targeted_weights_only():
     )
     torch.testing.assert_close(merged["model.layers.0.mlp.up_proj.weight"], w + 4 * b @ a)
     assert merged["model.norm.weight"] is other
+
+
+@pytest.mark.parametrize("normalization", ["RMSNorm", "LayerNorm"])
+def test_adapters_of_a_te_layernorm_linear_see_the_normalized_input(normalization):
+    """Transformer Engine's LayerNorm-fused linears take the hidden states before the norm: the adapters
+    apply the module's norm (TE's attributes: normalization, eps, layer_norm_weight/bias, zero-centered
+    gamma) first; a plain linear's input passes as it is."""
+    from megarl.models.lora.layers import _normed
+
+    x = torch.randn(3, 2, 8)
+    gamma, beta = torch.randn(8), torch.randn(8)
+    te = SimpleNamespace(
+        layer_norm_weight=gamma,
+        layer_norm_bias=beta,
+        eps=1e-5,
+        normalization=normalization,
+        zero_centered_gamma=True,
+    )
+    if normalization == "RMSNorm":
+        expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * (gamma + 1)
+    else:
+        expected = torch.nn.functional.layer_norm(x, (8,), gamma + 1, beta, 1e-5)
+    torch.testing.assert_close(_normed(te, x), expected)
+    assert _normed(SimpleNamespace(), x) is x
