@@ -120,3 +120,24 @@ def test_a_run_resumed_from_an_adapter_checkpoint_continues_bit_exactly(lora_run
     original = {h["step"]: h for h in steps(lora_run.history)}
     compared = assert_same_metrics(original[7], resumed[7])
     assert "actor/pg_loss" in compared and "reward/mean" in compared
+
+
+def test_a_run_started_from_the_exported_peft_adapter_validates_as_the_trained_actor(
+    lora_run, rl_setup, tmp_path
+):
+    """actor.lora.adapter_path: the run's PEFT export loaded as the starting adapter (trainer.val_only)
+    answers the validation prompts token for token as the trained actor's engine did after step 12."""
+    cfg = rl_setup.grpo_config(
+        tmp_path,
+        *LORA,
+        f"actor.lora.adapter_path={lora_run.out / 'hf' / 'adapter'}",
+        "trainer.val_only=true",
+        f"trainer.validation_data_dir={tmp_path / 'validation'}",
+    )
+    run(cfg)
+
+    def outputs(path: Path) -> list:
+        return [json.loads(line)["output_ids"] for line in path.read_text().splitlines()]
+
+    trained = outputs(lora_run.out / "validation" / "step_12.jsonl")
+    assert outputs(tmp_path / "validation" / "step_0.jsonl") == trained
