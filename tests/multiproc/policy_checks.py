@@ -141,7 +141,8 @@ def check_layout(name: str, policy: str, reward: str, batch: Batch, ref: dict, r
     }
     groups = make_colocated_groups("spmd", None, roles)
     actor, reference = groups["actor"], groups["ref"]
-    out["roles_scoped"] = not hasattr(reference, "update") and not hasattr(actor, "ref_log_prob")
+    # (the actor also answers ref_log_prob: with LoRA it is the reference, its adapters off)
+    out["roles_scoped"] = not hasattr(reference, "update") and not hasattr(reference, "generate")
     lp = actor.log_prob(batch)
     out["log_prob_max_abs_diff"] = max_diff(lp["old_log_probs"], ref["log_probs"])
     out["entropy_max_abs_diff"] = max_diff(lp["entropy"], ref["entropy"])
