@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from megarl.trainer.rl_trainer import RLTrainer
 from tests.helpers.rl_runs import GRPO, LOGPROB_TOLERANCE, assert_same_metrics, run, steps
 
 pytestmark = pytest.mark.e2e
@@ -30,6 +31,7 @@ class LoraRun:
     cfg: object
     history: list
     out: Path
+    reference_is_actor: bool
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +49,10 @@ def lora_run(rl_setup, tmp_path_factory) -> LoraRun:
         "trainer.save_every=6",
         "trainer.save_hf=true",
     )
-    history, _ = run(cfg)
-    return LoraRun(cfg, history, out)
+    with RLTrainer(cfg) as trainer:
+        history = trainer.fit()
+        reference_is_actor = trainer.roles.ref is trainer.roles.actor
+    return LoraRun(cfg, history, out, reference_is_actor)
 
 
 def test_lora_grpo_learns_with_the_engine_serving_the_current_adapter(lora_run):
@@ -67,11 +71,8 @@ def test_lora_grpo_learns_with_the_engine_serving_the_current_adapter(lora_run):
     assert train[1]["actor/kl_loss"] > 0.0
 
 
-def test_lora_run_holds_no_reference_copy_and_checkpoints_only_adapters(lora_run):
-    info = json.loads((lora_run.out / "run_info.json").read_text())
-    assert "ref" not in json.dumps(info.get("roles", {})) or info["roles"].get("ref") is None, info.get(
-        "roles"
-    )
+def test_the_reference_is_the_actor_and_checkpoints_hold_only_the_adapters(lora_run):
+    assert lora_run.reference_is_actor  # the run's reference handle is the actor's group: no second model
     model_dir = lora_run.out / "checkpoints" / "step_6" / "actor" / "model"
     written = sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file())
     base = sum(f.stat().st_size for f in Path(lora_run.cfg.model.path).glob("*.safetensors"))
