@@ -106,8 +106,10 @@ def _mcore_to_hf(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--max-shard-size: {e}") from None
     ckpt = resolve_role_checkpoint(args.ckpt, args.role)
-    read_meta(ckpt)
-    inputs = {"the checkpoint --ckpt names": ckpt, **({"--base": args.base} if args.base else {})}
+    meta = read_meta(ckpt)
+    # --merge-lora reads the base model: --base, else the one the LoRA checkpoint records
+    base = args.base or (meta.get("lora") or {}).get("base_model_path")
+    inputs = {"the checkpoint --ckpt names": ckpt, **({"the base model (--base)": base} if base else {})}
     _check_out(Path(args.out), inputs, args.overwrite)
     result = export_checkpoint_hf(
         ckpt, args.out, max_shard_bytes, args.overwrite, merge_lora=args.merge_lora, base=args.base

@@ -12,8 +12,8 @@ once. Per adapter tensor, in one global order all ranks share (`megarl.models.lo
                       by input columns of row-parallel ones); the rest is never written, never sent.
 The bytes each rank receives are counted against the plan's floor for the same tensors (ratio 1.00).
 
-`merged_weights(chunks)` is the fallback's source (rollout.lora sync "merged"): the targeted base
-weights with their adapters folded in, by megatron name, for the base resharder to push.
+The fallback (actor.lora.sync "merged") pushes the targeted base weights with their adapters folded in
+(`merge.merged_weight` of each of `lora_linears_by_name`) through the base resharder.
 """
 
 from __future__ import annotations
@@ -119,10 +119,10 @@ class AdapterResharder:
         return out
 
 
-def merged_weights(chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
-    """{global megatron name: merged weight shard} of every linear carrying adapters."""
+def lora_linears_by_name(chunks: list[torch.nn.Module]) -> dict[str, torch.nn.Module]:
+    """{global megatron name of its weight: linear} of every linear carrying adapters."""
     names = {id(p): n for chunk in chunks for n, p in global_named_parameters(chunk)}
-    return {names[id(linear.weight)]: merged_weight(linear) for linear in lora_linears(chunks)}
+    return {names[id(linear.weight)]: linear for linear in lora_linears(chunks)}
 
 
 class LoraWeightSync:
@@ -147,11 +147,12 @@ class LoraWeightSync:
         self.chunks, self.base, self.adapters, self.num_kv_heads = chunks, base, adapters, num_kv_heads
         self.mode, self.peft_config, self.check = mode, peft_config, check
         self.base_synced = False
+        self.linears = lora_linears_by_name(chunks) if mode == "merged" else {}
 
     def sync(self, rollout, stats: ReshardStats) -> None:
         stats.lora_sync = self.mode
         if self.mode == "merged":
-            merged = merged_weights(self.chunks)
+            merged = {name: merged_weight(linear) for name, linear in self.linears.items()}
             for bucket in self.base.buckets(stats, replaced=merged, only=self.base_synced):
                 stats.engine_loader = rollout.load_weights(bucket)
             self.base_synced = True

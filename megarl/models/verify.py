@@ -90,6 +90,41 @@ def megatron_grad_norm(chunks: list[torch.nn.Module]) -> float:
     return get_grad_norm_fp32(grads, grad_stats_parallel_group=ps.get_model_parallel_group())
 
 
+def token_mean_backward(
+    chunks, layout: ParallelLayout, tokens: torch.Tensor, token_loss_sum
+) -> tuple[list, torch.Tensor]:
+    """Forward + backward of the token mean of `token_loss_sum(micro_batch, output)` (a micro-batch's
+    summed token loss) over `tokens`: the batch split over DP ranks, one sequence per micro-batch;
+    megatron's DDP averages over DP and finalizes tied-embedding, sequence-parallel and q/k-norm
+    gradients. Returns (the DDP-wrapped chunks, their main_grads set; the objective, on every rank)."""
+    from megatron.core import parallel_state as ps
+
+    chunks = wrap_ddp(chunks)
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
+    mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
+    microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
+    total_tokens = labels.numel()
+
+    def token_mean_loss(mb, out):
+        loss_sum = token_loss_sum(mb, out)
+        # The schedule divides by the micro-batch count and DDP averages over DP: undo both, so the
+        # gradient is that of the token mean over the whole batch.
+        return loss_sum * len(microbatches) * dp / total_tokens, {"loss_sum": loss_sum.detach()}
+
+    outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
+    last_stage = ps.is_pipeline_last_stage()
+    loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)
+    dist.all_reduce(loss, group=ps.get_data_parallel_group())
+    # The loss may be negative (a mean score), so no max: exactly one last-stage rank contributes.
+    if not (last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0):
+        loss.zero_()
+    dist.all_reduce(loss)
+    return chunks, loss
+
+
 def check_layout(
     layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict
 ) -> dict:
@@ -98,7 +133,7 @@ def check_layout(
     layout.initialize()
     chunks = build_model_chunks(arch, layout)
     load_hf_into_chunks(chunks, arch, reader, ps.get_tensor_model_parallel_rank(), layout.tp)
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    inputs = tokens[:, :-1]
     last_stage = ps.is_pipeline_last_stage()
 
     # Forward only: every micro-batch is one sequence of the full batch.
@@ -112,28 +147,12 @@ def check_layout(
     if last_stage:
         logit_diff = (torch.cat([o["logits"] for o in outs]) - ref["logits"]).abs().max()
 
-    # Forward + backward: the batch split over DP ranks, one sequence per micro-batch; megatron's DDP
-    # averages over DP and finalizes tied-embedding, sequence-parallel and q/k-norm gradients.
-    chunks = wrap_ddp(chunks)
-    for chunk in chunks:
-        chunk.zero_grad_buffer()
-    dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
-    mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
-    microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
-    total_tokens = labels.numel()
-
-    def token_mean_loss(mb, out):
+    def token_loss_sum(mb, out):
         if arch.head == "scalar":
-            token_loss_sum = out.float().sum()
-        else:
-            token_loss_sum = -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum()
-        # The schedule divides by the micro-batch count and DDP averages over DP: undo both, so the
-        # gradient is that of the token mean over the whole batch.
-        return token_loss_sum * len(microbatches) * dp / total_tokens, {"loss_sum": token_loss_sum.detach()}
+            return out.float().sum()
+        return -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum()
 
-    outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
-    loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total_tokens if last_stage else 0.0)
-    dist.all_reduce(loss, group=ps.get_data_parallel_group())
+    chunks, loss = token_mean_backward(chunks, layout, tokens, token_loss_sum)
     norm = megatron_grad_norm(chunks)
     hf_grads = to_hf_tensors(full_megatron_tensors(chunks, arch, grads=True), arch)
     grad_diff = max((g - ref["grads"][name]).abs().max() for name, g in hf_grads)
@@ -141,10 +160,6 @@ def check_layout(
     # Only last-stage ranks hold logits and loss: a max over the world spreads them.
     stats = torch.stack([logit_diff.float(), grad_diff.float()])
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    # The loss may be negative (a mean score), so no max: exactly one last-stage rank contributes.
-    if not (last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0):
-        loss.zero_()
-    dist.all_reduce(loss)
     layout.destroy()
     return {
         "layout": layout.describe(),

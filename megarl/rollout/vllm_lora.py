@@ -23,6 +23,7 @@ import typing
 import torch
 
 from megarl.config.schema_lora import MEGATRON_LINEARS, PROJECTIONS
+from megarl.models.lora.targets import PROJECTIONS as LORA_PROJECTIONS
 
 # The engine's only adapter slot: the current policy's adapter, replaced at every sync.
 ADAPTER_ID = 1
@@ -33,7 +34,8 @@ _ADAPTER_PATH = "megarl://in-memory-adapter"
 
 # target_modules names → the Hugging Face projections they cover
 _HF_LINEARS = {**{p: (p,) for p in PROJECTIONS}, **MEGATRON_LINEARS}
-_ROW_PARALLEL = ("o_proj", "down_proj")  # the engine splits their input dimension; the rest their output
+# the engine splits their input dimension; the rest their output (as megatron does: megarl.models.lora)
+_ROW_PARALLEL = {name for name, p in LORA_PROJECTIONS.items() if p.row_parallel}
 _PEFT_NAME = re.compile(r"\.(?P<projection>\w+)\.lora_(?P<part>[AB])\.weight$")
 _WORKER_STATE = "_megarl_adapter"  # the worker attribute holding the installed adapter
 

@@ -19,7 +19,6 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from megarl.checkpoint.format import CheckpointError
 from megarl.checkpoint.lora_export import export_lora
 from megarl.checkpoint.role import load_train_state, save_train_state
 from megarl.config.schema import OptimizerConfig
@@ -33,6 +32,7 @@ from megarl.models.from_hf import ModelArchitecture
 from megarl.models.lora.apply import adapters_disabled, apply_lora, lora_params
 from megarl.models.lora.peft_io import gather_full_adapter
 from megarl.models.optimizer import build_optimizer
+from tests.multiproc.checkpoint_checks import error_of
 
 LORA = SimpleNamespace(
     rank=8, alpha=16.0, dropout=0.0, target_modules="all-linear", exclude_modules=["o_proj"], init_A="kaiming"
@@ -119,14 +119,6 @@ def max_over_ranks(value: float) -> float:
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def error_of(fn) -> str:
-    try:
-        fn()
-    except CheckpointError as e:
-        return str(e)
-    return ""
 
 
 def dir_bytes(path: Path) -> int:

@@ -24,14 +24,13 @@ import torch.distributed as dist
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.models.convert.loader import load_hf_into_chunks
-from megarl.models.ddp import wrap_ddp
 from megarl.models.forward import gather_logits, run_microbatches, vocab_parallel_log_probs
 from megarl.models.from_hf import ModelArchitecture
 from megarl.models.lora.apply import adapters_disabled, apply_lora
 from megarl.models.lora.layers import lora_linears
 from megarl.models.lora.merge import merged_weight
 from megarl.models.lora.peft_io import gather_full_adapter, load_peft_adapter, read_peft_adapter
-from megarl.models.verify import make_batch, megatron_grad_norm, parse_layout
+from megarl.models.verify import make_batch, megatron_grad_norm, parse_layout, token_mean_backward
 
 
 def peft_reference(hf_dir: str, adapter_dir: str, tokens: torch.Tensor) -> dict:
@@ -100,7 +99,7 @@ def check_lora_layout(layout, arch, hf_dir: str, adapter_dir: str, tokens: torch
     load_hf_into_chunks(
         chunks, arch, HFCheckpointReader(hf_dir), ps.get_tensor_model_parallel_rank(), layout.tp
     )
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    inputs = tokens[:, :-1]
     last = ps.is_pipeline_last_stage()
     base = _logits(chunks, inputs, arch)
     apply_lora(chunks, arch, cfg, seed=1)
@@ -120,24 +119,12 @@ def check_lora_layout(layout, arch, hf_dir: str, adapter_dir: str, tokens: torch
         ]
     )
 
-    chunks = wrap_ddp(chunks)
-    for chunk in chunks:
-        chunk.zero_grad_buffer()
-    dp, dp_rank = layout.dp, ps.get_data_parallel_rank()
-    mine = range(dp_rank * len(inputs) // dp, (dp_rank + 1) * len(inputs) // dp)
-    microbatches = [{"input_ids": inputs[i : i + 1], "labels": labels[i : i + 1]} for i in mine]
-    total = labels.numel()
-
-    def token_mean_loss(mb, out):
-        loss_sum = -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum()
-        return loss_sum * len(microbatches) * dp / total, {"loss_sum": loss_sum.detach()}
-
-    outs = run_microbatches(chunks, microbatches, token_mean_loss, forward_only=False)
-    loss = torch.tensor(sum(o["loss_sum"].item() for o in outs) / total if last else 0.0)
-    dist.all_reduce(loss, group=ps.get_data_parallel_group())
-    if not (last and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0):
-        loss.zero_()
-    dist.all_reduce(loss)
+    chunks, loss = token_mean_backward(
+        chunks,
+        layout,
+        tokens,
+        lambda mb, out: -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum(),
+    )
     norm = megatron_grad_norm(chunks)
     grads = gather_full_adapter(chunks, arch, cfg, grads=True)
     grad_diff = max((g - ref["grads"][name]).abs().max().item() for name, g in grads.items())
