@@ -6,19 +6,33 @@ vLLM in external-launcher mode builds its tensor-parallel groups from consecutiv
 torch's default process group, which the training side owns; `spare_default_process_group` makes
 that teardown release only vLLM's own groups. Both reach into `vllm.distributed.parallel_state`, whose
 internals change between releases, so this module refuses any other vLLM version.
+
+On CPU, vLLM's TP all-reduce goes through shared-memory segments named after the engine's init method,
+which is the same ("env://") for every in-process engine: a segment left in /dev/shm by a killed run made
+every later TP>1 engine on the machine fail with "create shm in SHMManager failed. errno: 17".
+`given_tp_groups` therefore names them per engine (`megarl-<host>.<pid>.<n>-…`) and removes the ones
+whose creating run is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
+import os
+import socket
+import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch.distributed as dist
 
 from megarl.distributed.backend import collective_timeout
 
 PINNED_VLLM_VERSION = "0.32.0"
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "megarl-"
+_engines_started = itertools.count()
 
 
 def check_vllm_version() -> None:
@@ -88,10 +102,72 @@ def given_tp_groups(groups: list[list[int]]) -> Iterator[None]:
     parallel_state.init_model_parallel_group = init_group
     dist.new_group = bounded_group
     try:
-        yield
+        with engine_shm_names():
+            yield
     finally:
         parallel_state.init_model_parallel_group = original
         dist.new_group = new_group
+
+
+def host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def shm_owner_gone(name: str, host: str) -> bool:
+    """Whether /dev/shm entry `name` is a megarl engine segment of this host whose run (rank 0's pid) has
+    ended. Segments of other hosts, or of another naming, are never claimed."""
+    if not name.startswith(SHM_PREFIX) or "-cpushm_" not in name:
+        return False
+    tag, _, rest = name[len(SHM_PREFIX) :].partition(".")
+    pid = rest.partition(".")[0]
+    if tag != host or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_stale_shm(root: Path = SHM_DIR) -> list[str]:
+    """Unlink the engine segments left in `root` by runs that were killed; return their names."""
+    host, removed = host_tag(), []
+    for entry in root.glob(f"{SHM_PREFIX}*-cpushm_*") if root.is_dir() else ():
+        if shm_owner_gone(entry.name, host):
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed.append(entry.name)
+    return removed
+
+
+@contextlib.contextmanager
+def engine_shm_names() -> Iterator[None]:
+    """While active, vLLM's CPU shared-memory all-reduce segments are named for this engine: rank 0's
+    host, pid and engine count, agreed over the default group (every rank calls this). No-op on GPU."""
+    from megarl.distributed.platform import platform
+
+    if platform().is_cuda:
+        yield
+        return
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    remove_stale_shm()
+    token = [f"{host_tag()}.{os.getpid()}.{next(_engines_started)}"]
+    dist.broadcast_object_list(token, src=0)
+    shm = cpu_communicator._CPUSHMDistributed
+    original = shm.__dict__["make_group_name"]
+
+    def make_group_name(communicator) -> str:
+        ranks = "-".join(str(rank) for rank in communicator.ranks)
+        return f"{SHM_PREFIX}{token[0]}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    shm.make_group_name = staticmethod(make_group_name)
+    try:
+        yield
+    finally:
+        shm.make_group_name = original
 
 
 def engine_tp_ranks() -> list[int]:
