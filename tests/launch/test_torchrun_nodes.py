@@ -16,6 +16,7 @@ pytestmark = pytest.mark.e2e
 
 NODE_SH = REPO / "launch" / "torchrun" / "node.sh"
 TIMEOUT_S = 400
+ENGINE_METRICS = ("train_rollout_logprob_abs_diff", "train_rollout_logprob_abs_diff_max")
 
 
 def start_node(tiny_run: dict, out, nnodes: int, node_rank: int, nproc: int, port: int) -> subprocess.Popen:
@@ -57,7 +58,13 @@ def test_two_nodes_train_like_one_node_of_the_same_world_size(tiny_run, tmp_path
     expected, actual = jsonl_history(one), jsonl_history(two)
     assert sorted(actual) == sorted(expected) == [1, 2]
     for step in (1, 2):
-        compared = assert_same_metrics(expected[step], actual[step])
-        assert len(compared) > 20 and "actor/pg_loss" in compared
+        # the trainer's metrics exactly; the engine-vs-trainer log-prob gap to 1e-6: a CI machine's vLLM
+        # was not bitwise the same for 2 ranks on one node and 1 rank on each of 2 (the entropy, from the
+        # trainer's forward, was), which this machine never reproduced
+        engine = {k: v for k, v in expected[step].items() if k.startswith(ENGINE_METRICS)}
+        trainer = {k: v for k, v in expected[step].items() if k not in engine}
+        compared = assert_same_metrics(trainer, actual[step])
+        assert len(compared) > 20 and "actor/pg_loss" in compared and "actor/entropy" in compared
+        assert sorted(assert_same_metrics(engine, actual[step], abs_=1e-6)) == sorted(ENGINE_METRICS)
     for out in (one, two):
         assert_nothing_left(str(out))
