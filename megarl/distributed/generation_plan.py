@@ -27,8 +27,15 @@ the first assumption: a rank needs them whole and its stage already holds its ow
 costs 0 on its owning stage and B elsewhere — (p − 1)/p·B per rank on average instead of the formula's
 (t·p − t_g)/(t_g·t·p)·B (less when p = 1, more when t_g = t and p > 1). Stages holding unequal shares
 (embedding and output layer at the ends) make the exact floor differ from rank to rank; summing
-`received_bytes` over the model's parameters gives each rank's exact floor. Expert (EP-sharded)
-parameters are out of scope.
+`received_bytes` over the model's parameters gives each rank's exact floor.
+
+Experts (training EP = e): rank r holds experts [k·E/e, (k+1)·E/e) of its stage's MoE layers, k its expert-
+parallel rank (megatron's "tp-ep-dp-pp" layout), each TP-sharded like a dense MLP. The engine holds either
+every expert TP-sharded like the dense layers (`gen_ep=False`, vLLM's default) or whole experts split over
+its TP ranks (`gen_ep=True`, vLLM's enable_expert_parallel: generation TP rank j holds experts
+[j·E/t_g, (j+1)·E/t_g)). `expert_received_bytes` is what a rank needs of one expert tensor of one layer
+over all E experts, less what it holds. With gen_ep=False one schedule meets it: the PP broadcast, a
+broadcast of each expert's shard from its EP rank over the EP group, then the dense gather.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ class GenerationPlan:
     layout: ParallelLayout
     gen_tp: int
     num_kv_heads: int | None = None  # the model's key/value heads, when known: they must split over gen_tp
+    gen_ep: bool = False  # the engine splits whole experts over its TP ranks instead of TP-sharding each
 
     def __post_init__(self) -> None:
         problems = GenerationPlan.check(self.layout, self.gen_tp, self.num_kv_heads)
@@ -110,10 +118,10 @@ class GenerationPlan:
 
     @classmethod
     def for_layout(
-        cls, layout: ParallelLayout, gen_tp: int, num_kv_heads: int | None = None
+        cls, layout: ParallelLayout, gen_tp: int, num_kv_heads: int | None = None, gen_ep: bool = False
     ) -> GenerationPlan:
         """The plan for an existing training layout; `num_kv_heads` (if given) must split over `gen_tp`."""
-        return cls(layout, gen_tp, num_kv_heads)
+        return cls(layout, gen_tp, num_kv_heads, gen_ep)
 
     @property
     def stride(self) -> int:
@@ -216,6 +224,47 @@ class GenerationPlan:
             )
         shard = param_bytes // self.layout.tp
         return shard * self.stride - (shard if held else 0)
+
+    def training_experts(self, rank: int, num_experts: int) -> range:
+        """The experts `rank` holds (a shard of) in each MoE layer of its stage."""
+        per_rank = self._experts_per(num_experts, self.layout.ep, "actor.parallel.ep")
+        k, _ = self.layout.expert_coordinates(rank)
+        return range(k * per_rank, (k + 1) * per_rank)
+
+    def engine_experts(self, rank: int, num_experts: int) -> range:
+        """The experts `rank`'s engine holds: all of them (TP-sharded), or with gen_ep its whole block."""
+        if not self.gen_ep:
+            return range(num_experts)
+        per_rank = self._experts_per(num_experts, self.gen_tp, "rollout.tp")
+        j = self.gen_tp_rank(rank)
+        return range(j * per_rank, (j + 1) * per_rank)
+
+    def expert_received_bytes(
+        self, rank: int, expert_bytes: int, num_experts: int, kind: ParamKind | str, owner_stage: int
+    ) -> int:
+        """Bytes `rank` must receive of one expert tensor of one MoE layer, over all `num_experts` experts:
+        its engine's part of each (the generation TP shard, or with gen_ep its whole block) less the
+        training shards it holds. `expert_bytes` is one expert's full (TP=1) tensor."""
+        self._check_stage(owner_stage)
+        kind = ParamKind.of(kind)
+        if not kind.tp_sharded or expert_bytes % self.layout.tp:
+            raise ValueError(
+                f"an expert tensor of {expert_bytes} bytes and kind {kind} does not split into "
+                f"tp={self.layout.tp} equal shards"
+            )
+        shard = expert_bytes // self.layout.tp
+        needed = self.engine_experts(rank, num_experts)
+        per_expert = expert_bytes if self.gen_ep else shard * self.stride
+        held = 0
+        if self.layout.coordinates(rank).pp == owner_stage:
+            held = len(set(needed) & set(self.training_experts(rank, num_experts))) * shard
+        return len(needed) * per_expert - held
+
+    @staticmethod
+    def _experts_per(num_experts: int, ways: int, key: str) -> int:
+        if num_experts % ways:
+            raise ValueError(f"{key}={ways} does not divide the model's {num_experts} experts")
+        return num_experts // ways
 
     def floor_bytes(self, model_bytes: float) -> float:
         """Bytes each rank receives for an all-TP-sharded model of `model_bytes` spread evenly over the stages:

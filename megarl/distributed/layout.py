@@ -201,10 +201,24 @@ class ParallelLayout:
         c = self.coordinates(rank)
         return [self.rank(Coordinates(c.tp, c.cp, d, c.pp)) for d in range(self.dp)]
 
+    def expert_coordinates(self, rank: int) -> tuple[int, int]:
+        """(expert-parallel rank, expert-data-parallel rank) of `rank` in megatron's expert layout
+        "tp-ep-dp-pp": inside one TP rank and PP stage, the cp·dp ranks are regrouped as ep × (cp·dp/ep)."""
+        within_stage = rank // self.tp % (self.cp * self.dp)
+        return within_stage % self.ep, within_stage // self.ep
+
+    def ep_group_ranks(self, rank: int) -> list[int]:
+        """The ranks holding the other experts of `rank`'s layers (its expert-parallel group), in EP order."""
+        ep_rank, _ = self.expert_coordinates(rank)
+        first = rank - self.tp * ep_rank
+        return [first + self.tp * k for k in range(self.ep)]
+
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         if self.vpp:
             parts.append(f"vpp{self.vpp}")
         if self.sequence_parallel:

@@ -54,3 +54,27 @@ def test_groups_and_coordinates_equal_megatrons(world, tp, pp, cp):
         for rank in range(world):
             assert group_of(rank) == theirs[rank], f"{token} group of rank {rank}"
             assert getattr(layout.coordinates(rank), field) == theirs[rank].index(rank)
+
+
+EXPERT_LAYOUTS = [  # (world_size, tp, pp, cp, ep)
+    (4, 1, 1, 1, 2),
+    (4, 2, 1, 1, 2),
+    (8, 2, 2, 1, 2),
+    (8, 1, 1, 1, 4),
+    (16, 2, 2, 1, 4),
+    (16, 2, 1, 2, 2),
+    (16, 1, 2, 2, 4),
+]
+
+
+@pytest.mark.parametrize("world, tp, pp, cp, ep", EXPERT_LAYOUTS, ids=lambda v: str(v))
+def test_expert_groups_equal_megatrons(world, tp, pp, cp, ep):
+    layout = ParallelLayout(world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=tp > 1)
+    # initialize_model_parallel's second generator, for the experts (expert TP = TP here)
+    generator = RankGenerator(tp=tp, ep=ep, dp=world // (tp * ep * pp), pp=pp, cp=1, order="tp-ep-dp-pp")
+    for token, position in (("ep", 0), ("dp", 1)):
+        theirs = _groups_of(generator, token, world)
+        for rank in range(world):
+            assert layout.expert_coordinates(rank)[position] == theirs[rank].index(rank), (token, rank)
+    theirs = _groups_of(generator, "ep", world)
+    assert [layout.ep_group_ranks(r) for r in range(world)] == theirs
