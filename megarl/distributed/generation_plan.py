@@ -33,8 +33,8 @@ Experts (training EP = e): rank r holds experts [k·E/e, (k+1)·E/e) of its stag
 parallel rank (megatron's "tp-ep-dp-pp" layout), each TP-sharded like a dense MLP. The engine holds either
 every expert TP-sharded like the dense layers (`gen_ep=False`, vLLM's default) or whole experts split over
 its TP ranks (`gen_ep=True`, vLLM's enable_expert_parallel: generation TP rank j holds experts
-[j·E/t_g, (j+1)·E/t_g)). `expert_received_bytes` is what a rank needs of one expert tensor of one layer
-over all E experts, less what it holds. With gen_ep=False one schedule meets it: the PP broadcast, a
+[j·E/t_g, (j+1)·E/t_g)). `expert_received_bytes` is what a rank needs of one expert's tensor, less what it
+holds. With gen_ep=False one schedule meets it: the PP broadcast, a
 broadcast of each expert's shard from its EP rank over the EP group, then the dense gather.
 """
 
@@ -240,11 +240,18 @@ class GenerationPlan:
         return range(j * per_rank, (j + 1) * per_rank)
 
     def expert_received_bytes(
-        self, rank: int, expert_bytes: int, num_experts: int, kind: ParamKind | str, owner_stage: int
+        self,
+        rank: int,
+        expert_bytes: int,
+        expert: int,
+        num_experts: int,
+        kind: ParamKind | str,
+        owner_stage: int,
     ) -> int:
-        """Bytes `rank` must receive of one expert tensor of one MoE layer, over all `num_experts` experts:
-        its engine's part of each (the generation TP shard, or with gen_ep its whole block) less the
-        training shards it holds. `expert_bytes` is one expert's full (TP=1) tensor."""
+        """Bytes `rank` must receive of one tensor of expert `expert` in one MoE layer held by PP stage
+        `owner_stage`: its engine's part (the generation TP shard; with gen_ep the whole tensor when the
+        expert is in its block, else nothing) less the training shard it holds. `expert_bytes` is the full
+        (TP=1) tensor."""
         self._check_stage(owner_stage)
         kind = ParamKind.of(kind)
         if not kind.tp_sharded or expert_bytes % self.layout.tp:
@@ -252,13 +259,13 @@ class GenerationPlan:
                 f"an expert tensor of {expert_bytes} bytes and kind {kind} does not split into "
                 f"tp={self.layout.tp} equal shards"
             )
+        if expert not in self.engine_experts(rank, num_experts):
+            return 0
         shard = expert_bytes // self.layout.tp
-        needed = self.engine_experts(rank, num_experts)
-        per_expert = expert_bytes if self.gen_ep else shard * self.stride
-        held = 0
-        if self.layout.coordinates(rank).pp == owner_stage:
-            held = len(set(needed) & set(self.training_experts(rank, num_experts))) * shard
-        return len(needed) * per_expert - held
+        holds = self.layout.coordinates(rank).pp == owner_stage and expert in self.training_experts(
+            rank, num_experts
+        )
+        return (expert_bytes if self.gen_ep else shard * self.stride) - (shard if holds else 0)
 
     @staticmethod
     def _experts_per(num_experts: int, ways: int, key: str) -> int:

@@ -15,6 +15,11 @@ pytestmark = pytest.mark.unit
 B = 1200  # one expert's full tensor, divisible by every tp below
 
 
+def layer_bytes(plan: GenerationPlan, rank: int, experts: int, kind: str, stage: int) -> int:
+    """What `rank` receives of one expert tensor of one layer, over all experts."""
+    return sum(plan.expert_received_bytes(rank, B, x, experts, kind, stage) for x in range(experts))
+
+
 def plan_for(world: int, tp: int, pp: int, ep: int, gen_tp: int, gen_ep: bool = False) -> GenerationPlan:
     layout = ParallelLayout(world_size=world, tp=tp, pp=pp, ep=ep, sequence_parallel=tp > 1)
     return GenerationPlan.for_layout(layout, gen_tp, gen_ep=gen_ep)
@@ -35,7 +40,7 @@ def plan_for(world: int, tp: int, pp: int, ep: int, gen_tp: int, gen_ep: bool = 
 )
 def test_bytes_for_the_issues_cases(sizes, gen_ep, expected):
     plan = plan_for(*sizes, gen_ep=gen_ep)
-    assert [plan.expert_received_bytes(r, B, 4, "gate_up", 0) for r in range(sizes[0])] == expected
+    assert [layer_bytes(plan, r, 4, "gate_up", 0) for r in range(sizes[0])] == expected
 
 
 LAYOUTS = [
@@ -91,7 +96,7 @@ def test_every_rank_ends_with_its_engines_experts_after_receiving_the_floor():
             assert mine <= after_pp <= after_ep <= final  # each step receives only items it lacks
             received = len(after_pp - mine) + len(after_ep - after_pp) + len(final - after_ep)
             floor = layers_per_stage * sum(
-                plan.expert_received_bytes(rank, B, experts, "row", stage) for stage in range(p)
+                layer_bytes(plan, rank, experts, "row", stage) for stage in range(p)
             )
             assert received * (B // t) == floor, (world, t, p, e, tg, rank)
 
@@ -107,7 +112,7 @@ def test_engine_ep_floor_is_what_a_rank_lacks_of_its_block():
             mine = set(plan.training_experts(rank, experts)) & set(block)
             for stage in range(p):
                 held = len(mine) * (B // t) if stage == c.pp else 0
-                assert plan.expert_received_bytes(rank, B, experts, "gate_up", stage) == len(block) * B - held
+                assert layer_bytes(plan, rank, experts, "gate_up", stage) == len(block) * B - held
 
 
 def test_experts_that_do_not_split_are_refused():
@@ -117,6 +122,6 @@ def test_experts_that_do_not_split_are_refused():
     with pytest.raises(ValueError, match="rollout.tp=2 does not divide"):
         plan.engine_experts(0, 5)
     with pytest.raises(ValueError, match="does not split into tp=2"):
-        plan.expert_received_bytes(0, 1201, 4, "row", 0)
+        plan.expert_received_bytes(0, 1201, 0, 4, "row", 0)
     with pytest.raises(ValueError, match="does not split"):
-        plan.expert_received_bytes(0, B, 4, "replicated", 0)
+        plan.expert_received_bytes(0, B, 0, 4, "replicated", 0)
