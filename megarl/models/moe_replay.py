@@ -79,7 +79,8 @@ def _routers(chunks: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
 def _check_routes(routes: torch.Tensor, num_experts: int) -> None:
     if routes.dtype.is_floating_point or routes.dim() != 3:
         raise ValueError(
-            f"routes must be an integer tensor [tokens, layers, topk]; got {routes.dtype} {tuple(routes.shape)}"
+            f"routes must be an integer tensor [tokens, layers, topk]; got {routes.dtype} "
+            f"{tuple(routes.shape)}"
         )
     if bool(((routes < MISSING) | (routes >= num_experts)).any()):
         raise ValueError(
@@ -192,7 +193,8 @@ def row_routes(routed_experts: torch.Tensor, attention_mask: torch.Tensor) -> li
     [tokens_i, L, k], the tokens megarl.workers.sequences keeps (attention_mask 1, in order)."""
     if routed_experts.shape[:2] != attention_mask.shape:
         raise ValueError(
-            f"routes {tuple(routed_experts.shape)} do not align with attention_mask {tuple(attention_mask.shape)}"
+            f"routes {tuple(routed_experts.shape)} do not align with attention_mask "
+            f"{tuple(attention_mask.shape)}"
         )
     return [routed_experts[i][attention_mask[i].bool()] for i in range(len(attention_mask))]
 
