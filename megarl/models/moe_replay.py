@@ -6,7 +6,7 @@ A token whose row in a layer holds a -1 is routed live by that layer (a route th
 
 How the experts are forced: megatron-core 0.16.1's `topk_routing_with_score_function` asks the router's
 `router_replay` object for the top-k (`get_replay_topk(scores, topk, num_groups, group_topk,
-default_compute_topk)`). `attach` puts a `LayerReplay` there (megatron's own RouterReplay keeps all
+default_compute_topk)`). `ModelRoutes` puts a `LayerReplay` there (megatron's own RouterReplay keeps all
 routers of the process in one class-level list, has no -1 fallback and needs
 `moe_enable_routing_replay` at build time). Megatron then computes the gating weights from the scores
 at the forced experts exactly as for experts it chose itself: softmax over the top-k logits
@@ -16,11 +16,12 @@ function of the router's logits, so the router keeps its gradient.
 
 Replayed routes live on the router until replaced: a forward recomputed in the backward (activation
 checkpointing) replays the same routes as long as no other micro-batch's forward came in between (true
-without pipelining; with a pipeline schedule it is not, which megarl.config.schema_moe refuses).
+without pipelining; with a pipeline schedule it is not, which megarl.config.moe_checks refuses).
 
 Lay-out helpers: `row_routes` (a rollout batch's [n, P+R, L, k] column -> each row's real tokens),
-`split_rows` (per data-parallel rank, as Batch.chunk) and `microbatch_routes` (one micro-batch of
-megarl.workers.sequences in megatron's token order).
+`split_rows` (per data-parallel rank, as Batch.chunk), `microbatch_routes` (one micro-batch of
+megarl.workers.sequences in megatron's token order) and its inverse `rows_of_microbatch`;
+`disagreement` measures how often two route sets differ.
 """
 
 from __future__ import annotations
@@ -128,11 +129,11 @@ class ModelRoutes:
             for layer in self.layers:
                 layer.routes = None
             return
+        _check_routes(routes, self.layers[0].num_experts)
         if routes.shape[1] != self.num_moe_layers:
             raise ValueError(
                 f"routes cover {routes.shape[1]} MoE layers; the model has {self.num_moe_layers}"
             )
-        _check_routes(routes, self.layers[0].num_experts)
         if self.sequence_parallel:
             from megatron.core import parallel_state
 
@@ -150,16 +151,17 @@ class ModelRoutes:
             layer.record, layer.recorded = on, None
 
     def recorded(self) -> torch.Tensor:
-        """The last forward's live routes of this rank's MoE layers, [tokens, local MoE layers, topk] int16
-        (global MoE-layer indices: `moe_indices`; tokens as the router saw them)."""
+        """The last forward's live routes [tokens, num_moe_layers, topk] int16 (tokens as the routers saw
+        them), -1 at the MoE layers other pipeline stages hold: an all-reduce MAX over the pipeline group
+        completes them."""
         missing = [layer.moe_index for layer in self.layers if layer.recorded is None]
         if missing:
             raise RuntimeError(f"MoE layers {missing} recorded nothing: call record() before the forward")
-        return torch.stack([layer.recorded for layer in self.layers], dim=1)
-
-    @property
-    def moe_indices(self) -> list[int]:
-        return [layer.moe_index for layer in self.layers]
+        tokens, topk = self.layers[0].recorded.shape
+        out = torch.full((tokens, self.num_moe_layers, topk), MISSING, dtype=ROUTE_DTYPE)
+        for layer in self.layers:
+            out[:, layer.moe_index] = layer.recorded.cpu()
+        return out
 
 
 @contextmanager
@@ -209,6 +211,19 @@ def split_rows(rows: Sequence[torch.Tensor], n: int) -> list[list[torch.Tensor]]
     return [list(rows[i * size : (i + 1) * size]) for i in range(n)]
 
 
+def _token_places(mb: dict[str, torch.Tensor], lengths: Sequence[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    """(row, its tokens' indices in megatron's order) for each sequence of a micro-batch."""
+    n_rows, length = mb["input_ids"].shape
+    for k, r in enumerate(mb["rows"].tolist()):
+        row, last = divmod(int(mb["last_index"][k]), length)  # flat position of the row's last token
+        start = last + 1 - lengths[r]
+        if start < 0:
+            raise ValueError(
+                f"row {r}: {lengths[r]} routes do not fit its place in the micro-batch; give one per token"
+            )
+        yield r, torch.arange(start, last + 1) * n_rows + row
+
+
 def microbatch_routes(rows: Sequence[torch.Tensor], mb: dict[str, torch.Tensor]) -> torch.Tensor:
     """One micro-batch's routes [rows·length, L, k] in megatron's token order (hidden states are
     [length, rows]: position-major), -1 on padding. `rows` are all the worker's rows (row_routes), `mb` a
@@ -217,13 +232,28 @@ def microbatch_routes(rows: Sequence[torch.Tensor], mb: dict[str, torch.Tensor])
     n_rows, length = mb["input_ids"].shape
     first = rows[int(mb["rows"][0])]
     out = torch.full((n_rows * length, *first.shape[1:]), MISSING, dtype=ROUTE_DTYPE)
-    for k, r in enumerate(mb["rows"].tolist()):
-        n = len(rows[r])
-        row, last = divmod(int(mb["last_index"][k]), length)  # flat position of the row's last token
-        start = last + 1 - n
-        if start < 0:
-            raise ValueError(
-                f"row {r}: {n} routes do not fit its place in the micro-batch; give one per token"
-            )
-        out[torch.arange(start, start + n) * n_rows + row] = rows[r].to(ROUTE_DTYPE)
+    for r, places in _token_places(mb, [len(t) for t in rows]):
+        out[places] = rows[r].to(ROUTE_DTYPE)
     return out
+
+
+def rows_of_microbatch(
+    routes: torch.Tensor, mb: dict[str, torch.Tensor], lengths: Sequence[int]
+) -> dict[int, torch.Tensor]:
+    """The inverse of microbatch_routes: {row: its routes [lengths[row], L, k]} from a micro-batch's
+    routes in megatron's order (what `ModelRoutes.recorded` gives for it), to replay them in other
+    micro-batches (R2: recorded in the old-log-prob forward, replayed in the update's)."""
+    return {r: routes[places] for r, places in _token_places(mb, lengths)}
+
+
+def disagreement(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    """How differently two route tensors [tokens, L, k] route (the trainer's live routes vs the engine's):
+    the share of (token, layer) pairs with another expert set, and of tokens with one in any layer.
+    Pairs where either holds a -1 are left out."""
+    known = (a >= 0).all(dim=-1) & (b >= 0).all(dim=-1)
+    differ = (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1) & known
+    tokens = known.any(dim=1)
+    return {
+        "layer_token_share": float(differ.sum() / known.sum().clamp(min=1)),
+        "token_share": float(differ.any(dim=1).sum() / tokens.sum().clamp(min=1)),
+    }

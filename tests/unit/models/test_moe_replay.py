@@ -9,11 +9,13 @@ import torch
 import torch.distributed as dist
 
 from megarl.models.moe_replay import (
+    disagreement,
     microbatch_routes,
     moe_layer_numbers,
     recording,
     replaying,
     row_routes,
+    rows_of_microbatch,
     split_rows,
 )
 from megarl.workers.sequences import Sequences, build_microbatch
@@ -153,6 +155,31 @@ def test_replaying_the_recorded_routes_is_bitwise_the_live_forward(group):
         assert torch.equal(p_live, p_replay) and torch.equal(m_live, m_replay)
 
 
+def test_a_pipeline_stage_replays_and_records_its_own_layers_by_global_index(group):
+    stage = torch.nn.ModuleList([_model(group)[1]])  # the second stage of PP2: MoE layer 1 only
+    x = torch.randn(TOKENS, HIDDEN)
+    with recording(stage) as routes:
+        logits, _, _ = _route(stage, x)[0]
+        recorded = routes.recorded()
+    assert recorded.shape == (TOKENS, LAYERS, TOPK)
+    assert bool((recorded[:, 0] == -1).all())
+    assert torch.equal(recorded[:, 1].long(), torch.topk(logits, TOPK, dim=1).indices)
+    routes = _random_routes(5)
+    with replaying(stage, routes):
+        _, _, routing_map = _route(stage, x)[0]
+    assert torch.equal(routing_map, _one_hot(routes[:, 1]))
+
+
+def test_disagreement_counts_tokens_routed_to_another_expert_set():
+    a = _random_routes(6)
+    b = a.flip(-1).clone()  # the same experts in another order: no disagreement
+    b[0, 1] = torch.tensor([x for x in range(EXPERTS) if x not in a[0, 1].tolist()][:TOPK])
+    b[1, 0] = -1  # unknown: left out
+    shares = disagreement(a, b)
+    assert shares["layer_token_share"] == pytest.approx(1 / (TOKENS * LAYERS - 1))
+    assert shares["token_share"] == pytest.approx(1 / TOKENS)
+
+
 def test_bad_routes_are_refused(group):
     model = _model(group)
     twice = _random_routes(4)
@@ -207,3 +234,5 @@ def test_microbatch_routes_follow_the_token_order(mode):
     expected = mb["input_ids"].t().reshape(-1).masked_fill(mb["input_ids"].t().reshape(-1) == 0, -1)
     assert torch.equal(out[:, 0, 0].long(), expected)
     assert torch.equal(out[:, 1, 1].long(), expected)
+    back = rows_of_microbatch(out, mb, [len(t) for t in rows])
+    assert sorted(back) == batch_rows and all(torch.equal(back[r], rows[r]) for r in batch_rows)
