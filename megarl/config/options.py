@@ -79,3 +79,4 @@ ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 LoraSync = Literal["auto", "adapter", "merged"]  # <role>.lora.sync: how the engine gets the adapted policy
 LoraInit = Literal["kaiming", "xavier"]  # <role>.lora.init_A: lora_A's initialisation
+RouterReplayMode = Literal["disabled", "R2", "R3"]  # actor.router_replay.mode (verl's names)

@@ -6,8 +6,8 @@ their fields; `key=value` overrides use the same dotted names (`actor.parallel.t
 config with `megarl.config.load_config`; cross-field rules live in `megarl.config.validate`.
 
 The `algorithm` and `preference` sections live in `megarl.config.schema_algorithm`, `<role>.lora` in
-`megarl.config.schema_lora`; the option vocabularies (the Literals) in `megarl.config.options`. Fields
-documented as "None = auto" are filled in by `resolve_auto` when the config is loaded.
+`megarl.config.schema_lora`, `actor.router_replay` in `megarl.config.schema_moe`; the option vocabularies
+(the Literals) in `megarl.config.options`. "None = auto" fields are filled in by `resolve_auto` at load.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from megarl.config.options import (
 from megarl.config.schema_agentic import AgentConfig, MultiTurnConfig
 from megarl.config.schema_algorithm import AlgorithmConfig, PreferenceConfig
 from megarl.config.schema_lora import LoraConfig
+from megarl.config.schema_moe import RouterReplayConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout
 
 
@@ -136,6 +137,7 @@ class TrainRoleConfig(RoleConfig):
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full training: schema_lora
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)  # MoE, actor: schema_moe
     offload_grads: bool = False  # move gradients to CPU while generating
     offload_optimizer: bool = False  # move optimizer state to CPU while generating
 

@@ -27,6 +27,8 @@ from megarl.config.verl_key_types import (
     strategy,
 )
 
+ROUTE_FILES = "megarl keeps the routes in the batch (verl's files are unused there too)"
+
 ROLE_KEYS: tuple[VerlKey, ...] = (
     # --- the policy model
     maps(f"{MOD}.path", "model.path"),
@@ -119,7 +121,9 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
     ignored(f"{A}.entropy_checkpointing", "megarl's entropy kernel is chosen by the device"),
     ignored(f"{A}.checkpoint.*", CKPT),
     ignored(f"{A}.profiler.*", PROFILE),
-    ignored(f"{A}.router_replay.*", "megarl has no MoE router replay"),
+    maps(f"{A}.router_replay.mode", "actor.router_replay.mode", "disabled | R2 | R3, verl's meanings"),
+    ignored(f"{A}.router_replay.record_file", ROUTE_FILES),
+    ignored(f"{A}.router_replay.replay_file", ROUTE_FILES),
     ignored(f"{A}.load_weight", "megarl always loads model.path"),
     ignored(f"{A}.nccl_timeout", "see actor_rollout_ref.nccl_timeout"),
     # --- the reference
@@ -145,7 +149,10 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
     ignored(f"{REF}.entropy_from_logits_with_chunking", "megarl's entropy kernel is chosen by the device"),
     ignored(f"{REF}.entropy_checkpointing", "megarl's entropy kernel is chosen by the device"),
     ignored(f"{REF}.profiler.*", PROFILE),
-    ignored(f"{REF}.router_replay.*", "megarl has no MoE router replay"),
+    ignored(
+        f"{REF}.router_replay.*",
+        "megarl's reference replays the routes under actor.router_replay.mode (verl's reference never does)",
+    ),
     ignored(f"{REF}.load_weight", "megarl always loads model.path"),
     # --- the rollout
     maps(f"{RO}.name", "rollout.engine", "megarl offers vllm"),
@@ -264,7 +271,10 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
     ),
     ignored(f"{RO}.skip_rollout", "megarl always generates"),
     ignored(f"{RO}.skip_dump_dir", "megarl always generates"),
-    ignored(f"{RO}.enable_rollout_routing_replay", "megarl has no MoE router replay"),
+    ignored(
+        f"{RO}.enable_rollout_routing_replay",
+        "megarl's engine returns the routes when actor.router_replay.mode=R3",
+    ),
     ignored(f"{RO}.profiler.*", PROFILE),
     ignored(f"{RO}.prometheus.*", "megarl exports no Prometheus metrics"),
     ignored(f"{RO}.mtp", "megarl has no multi-token prediction"),

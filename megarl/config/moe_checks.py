@@ -1,0 +1,41 @@
+"""Rules of `actor.router_replay` (megarl.config.schema_moe), applied at load time by
+megarl.config.validate."""
+
+from __future__ import annotations
+
+from megarl.config.parallel_checks import ModelDims
+from megarl.config.schema import MegarlConfig
+
+
+def check_router_replay(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str]) -> None:
+    """Problems of a router replay mode other than disabled; `dims` = the actor's model (None = unread)."""
+    if cfg.critic.router_replay.mode != "disabled":
+        problems.append(
+            f"critic.router_replay.mode={cfg.critic.router_replay.mode}: only the actor replays routes "
+            "(verl's critic has no router_replay); set critic.router_replay.mode=disabled"
+        )
+    mode = cfg.actor.router_replay.mode
+    if mode == "disabled":
+        return
+    key = f"actor.router_replay.mode={mode}"
+    if dims is not None and dims.num_experts == 0:
+        problems.append(
+            f"{key}: model.path is a dense model (its config.json names no num_experts / num_local_experts); "
+            "routing replay is for mixture-of-experts models: set actor.router_replay.mode=disabled"
+        )
+    for role in ["actor", "ref"] if cfg.ref.enable else ["actor"]:
+        if cfg.backend_of(role) != "megatron":
+            problems.append(
+                f"{key}: the {role} runs on the {cfg.backend_of(role)} backend, and routing replay drives "
+                f"megatron-core's routers: use {role}.backend=megatron or actor.router_replay.mode=disabled"
+            )
+    if cfg.model.gradient_checkpointing and cfg.actor.parallel.pp > 1:
+        problems.append(
+            f"{key}: with pipeline parallelism the forward recomputed in the backward would meet another "
+            "micro-batch's routes; set model.gradient_checkpointing=false or actor.parallel.pp=1"
+        )
+    if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
+        problems.append(
+            f"{key} records the routes in the old-log-prob forward, which "
+            "algorithm.rollout_correction.bypass_mode=true skips: use R3 or bypass_mode=false"
+        )
