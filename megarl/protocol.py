@@ -105,6 +105,10 @@ class Col:
     # last generated token, 0 elsewhere (never on a given token); the token_rewards stage adds it to the
     # sequence's score in token_level_scores
     TURN_REWARDS = "turn_rewards"
+    # MoE routing replay (actor.router_replay, megarl.models.moe_replay). [n, P+R, L, k] int16, aligned with
+    # input_ids: the experts each token was routed to in each of the L MoE layers (R3: by the engine; R2:
+    # by the actor's old-log-prob forward), -1 on padding and where no route is known (routed live)
+    ROUTED_EXPERTS = "routed_experts"
 
     # The workers; per-token values are 0 where response_mask is 0.
     OLD_LOG_PROBS = "old_log_probs"  # [n, R] fp32: the actor's log-probs before the update (log_prob)

@@ -131,8 +131,10 @@ def _model_output(model, batch: dict, at: str | None, **inputs) -> torch.Tensor:
     return output.reshape(*index.shape, *output.shape[2:])
 
 
-def _forward_step(loss_fn: LossFn, at: str | None, data_iterator, model):
+def _forward_step(loss_fn: LossFn, at: str | None, routes, data_iterator, model):
     batch = next(data_iterator)
+    if routes is not None:  # MoE routing replay: this micro-batch's routes (none: routed live)
+        routes.replay(batch.get("routes"))
     tokens = batch["input_ids"]
     positions = batch.get("position_ids")
     if positions is None:
@@ -154,6 +156,8 @@ def _forward_step(loss_fn: LossFn, at: str | None, data_iterator, model):
         attention_mask=batch.get("attention_mask"),
         **kwargs,
     )
+    if routes is not None and routes.recording:
+        batch["recorded_routes"] = routes.recorded()  # this rank's tokens and MoE layers
     return output, partial(_loss, loss_fn, batch)
 
 
@@ -167,10 +171,15 @@ def run_microbatches(
     loss_fn: LossFn,
     forward_only: bool,
     at: str | None = None,
+    routes=None,
 ) -> list[dict[str, Any]]:
     """Forward (and backward unless forward_only) over `microbatches` of equal shape. `loss_fn` gets
     the model's output [b, s, ...], or with `at` (a micro-batch key of flat positions into b·s, any
     shape) only the outputs there, [*mb[at].shape, ...], computed at those positions alone.
+
+    `routes` (a megarl.models.moe_replay.ModelRoutes of these chunks): each micro-batch's forward replays
+    its mb["routes"] (routes live without), and when recording leaves what the routers chose in
+    mb["recorded_routes"].
 
     Returns the dicts `loss_fn` produced, one per micro-batch, on the last pipeline stage (empty
     elsewhere). The schedule divides each backpropagated scalar by len(microbatches).
@@ -180,7 +189,7 @@ def run_microbatches(
     batch, seq = microbatches[0]["input_ids"].shape
     iterators = [iter(microbatches) for _ in chunks]
     return get_forward_backward_func()(
-        forward_step_func=partial(_forward_step, loss_fn, at),
+        forward_step_func=partial(_forward_step, loss_fn, at, routes),
         data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=len(microbatches),

@@ -145,6 +145,10 @@ class ModelRoutes:
         for layer in self.layers:
             layer.routes = routes[:, layer.moe_index]
 
+    @property
+    def recording(self) -> bool:
+        return self.layers[0].record
+
     def record(self, on: bool = True) -> None:
         """Keep the experts each router chooses live (before any replay) from the next forward on."""
         for layer in self.layers:

@@ -26,6 +26,7 @@ from megarl.controller.worker import Worker
 from megarl.data.batching import micro_batches_by_count, micro_batches_by_tokens
 from megarl.distributed.platform import platform
 from megarl.models.forward import LossFn
+from megarl.models.moe_replay import microbatch_routes
 from megarl.observe.profiling import RANK_PROFILER, trace_name
 from megarl.workers.sequences import Sequences, build_microbatch, padded_length, scatter_rows
 
@@ -173,6 +174,8 @@ class ModelWorker(Worker):
             members = [u * group + k for u in sorted(units_of_mb) for k in range(group)]
             mb = build_microbatch(sub, members, mode, length, rows_per_mb, thd=thd)
             mb["rows"] = torch.tensor([rows[i] for i in members], dtype=torch.long)
+            if seqs.routes is not None:  # MoE routing replay: this micro-batch's routes in megatron's order
+                mb["routes"] = microbatch_routes(seqs.routes, mb)
             for name, value in (fields or {}).items():
                 mb[name] = value[mb["rows"]]
             out.append({k: v.to(platform().device) for k, v in mb.items()})

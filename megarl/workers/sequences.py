@@ -40,6 +40,9 @@ class Sequences:
     tokens: list[torch.Tensor]  # prompt tokens then response tokens, 1-D, no padding
     prompt_lens: list[int]
     loss_mask: torch.Tensor  # [n, R] float: the batch's response_mask (1 = trained on)
+    # MoE routes to replay: per row [len(tokens), L, k] int16 (the batch's routed_experts at its real
+    # tokens, megarl.models.moe_replay.row_routes); None when the batch has none
+    routes: list[torch.Tensor] | None = None
     # per row, the response tokens the loss trains on (the ones of loss_mask): a loss's token counts.
     # Fewer than the response's real tokens where the rollout masked some out.
     response_lens: list[int] = field(init=False)
@@ -61,7 +64,10 @@ class Sequences:
 
     def subset(self, rows: list[int]) -> Sequences:
         return Sequences(
-            [self.tokens[r] for r in rows], [self.prompt_lens[r] for r in rows], self.loss_mask[rows]
+            [self.tokens[r] for r in rows],
+            [self.prompt_lens[r] for r in rows],
+            self.loss_mask[rows],
+            None if self.routes is None else [self.routes[r] for r in rows],
         )
 
 
@@ -93,7 +99,12 @@ def sequences_from_batch(batch) -> Sequences:
         loss_mask = attended.float()
     tokens = [input_ids[row][attention[row]] for row in range(len(input_ids))]
     prompt_lens = attention[:, :prompt_width].sum(dim=1).tolist()
-    return Sequences(tokens, prompt_lens, loss_mask)
+    routes = None
+    if Col.ROUTED_EXPERTS in batch.tensors.keys():
+        from megarl.models.moe_replay import row_routes
+
+        routes = row_routes(batch[Col.ROUTED_EXPERTS], attention)
+    return Sequences(tokens, prompt_lens, loss_mask, routes)
 
 
 def padded_length(seqs: Sequences, multiple: int = 1) -> int:
