@@ -15,7 +15,7 @@ from pathlib import Path
 from megarl.cli.rank_jobs import check_launch, launch
 
 # megarl.models.tiny.ALL_TINY_FAMILIES (not imported here: transformers is slow to import)
-TINY_FAMILY_NAMES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+TINY_FAMILY_NAMES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "phi3", "gemma2"]
 
 
 def register(commands: argparse._SubParsersAction) -> None:

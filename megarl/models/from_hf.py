@@ -189,7 +189,11 @@ class ModelArchitecture:
             raise UnsupportedModelError(
                 f"{architecture} with {len(cfg['id2label'])} labels: only 1 (a scalar score)"
             )
-        qkv_bias = cfg.get(family.qkv_bias_key, False) if family.qkv_bias_key else family.qkv_bias_default
+        qkv_bias = (
+            cfg.get(family.qkv_bias_key, family.qkv_bias_default)
+            if family.qkv_bias_key
+            else family.qkv_bias_default
+        )
         return cls(
             family=model_type,
             num_layers=cfg["num_hidden_layers"],

@@ -5,6 +5,7 @@ layout it builds the megatron model, loads the HF weights, and compares with the
 same batch:
   max |Δlogits|                     forward only, full vocabulary gathered over TP
   loss, grad norm                   forward+backward, batch split over DP, micro-batches through PP
+  round trip                        the loaded weights gathered back to HF tensors: bit-exact
 It reports one result per layout; one above tolerance ("passed": false) makes the run exit 1.
 """
 
@@ -136,6 +137,17 @@ def token_mean_backward(
     return chunks, loss
 
 
+def round_trip_exact(chunks, arch: ModelArchitecture, reader: HFCheckpointReader) -> bool:
+    """Whether the loaded model, gathered back into HF tensors by every rank (its PP stage: TP, expert-TP
+    and EP gathered), gives every checkpoint tensor bit for bit, and only those."""
+    produced = dict(to_hf_tensors(full_megatron_tensors(chunks, arch), arch))
+    exact = all(torch.equal(tensor, reader.get(name)) for name, tensor in produced.items())
+    names: list = [None] * dist.get_world_size()
+    dist.all_gather_object(names, (exact, sorted(produced)))
+    wanted = {n for n in reader.names() if not (arch.head == "scalar" and n == "lm_head.weight")}
+    return all(ok for ok, _ in names) and set().union(*(set(n) for _, n in names)) == wanted
+
+
 def check_layout(
     layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict
 ) -> dict:
@@ -163,6 +175,7 @@ def check_layout(
             return out.float().sum()
         return -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum()
 
+    round_trip = round_trip_exact(chunks, arch, reader)
     chunks, loss = token_mean_backward(chunks, layout, tokens, token_loss_sum)
     norm = megatron_grad_norm(chunks)
     hf_grads = to_hf_tensors(full_megatron_tensors(chunks, arch, grads=True), arch)
@@ -185,6 +198,7 @@ def check_layout(
         "grad_norm_rel_diff": abs(norm - ref["grad_norm"]) / ref["grad_norm"],
         "max_abs_grad_diff": stats[1].item(),
         "gemm": gemm_of(chunks),
+        "round_trip_exact": round_trip,
     }
 
 
@@ -213,7 +227,8 @@ def main(argv: list[str]) -> list[dict]:
                 tolerance=args.tolerance,
                 passed=result["max_abs_logit_diff"] <= args.tolerance
                 and result["loss_abs_diff"] <= args.tolerance
-                and result["grad_norm_rel_diff"] <= 1e-4,
+                and result["grad_norm_rel_diff"] <= 1e-4
+                and result["round_trip_exact"],
                 seconds=round(time.perf_counter() - start, 2),
             )
             results.append(result)

@@ -29,11 +29,30 @@ ARCH = ModelArchitecture.from_hf_config(
     }
 )
 
+MOE_ARCH = ModelArchitecture.from_hf_config(
+    {
+        **ARCH.hf_config,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    }
+)
+
 
 def _model(sequence_parallel: bool = False, recompute: bool = False):
     layout = ParallelLayout(world_size=2, tp=2, sequence_parallel=sequence_parallel)
     layout.initialize()
     return build_model_chunks(ARCH, layout, recompute=recompute)
+
+
+def _moe_forward(tp: int, ep: int) -> None:
+    layout = ParallelLayout(world_size=2, tp=tp, ep=ep, sequence_parallel=tp > 1)
+    layout.initialize()
+    chunks = build_model_chunks(MOE_ARCH, layout)
+    batch = [{"input_ids": torch.arange(8).unsqueeze(0)}]
+    run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
 
 
 def check_current_device():
@@ -91,6 +110,21 @@ def check_recompute_mask():
     run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
 
 
+def check_moe_dtoh_stream():
+    layout = ParallelLayout(world_size=2, ep=2)
+    layout.initialize()
+    build_model_chunks(MOE_ARCH, layout)  # the dispatcher's constructor makes the CUDA stream
+
+
+def check_moe_router_gemm():
+    _moe_forward(tp=1, ep=2)
+
+
+def check_uneven_split():
+    # expert-TP 2: the dispatcher gathers each rank's routed tokens over TP in uneven splits
+    _moe_forward(tp=2, ep=1)
+
+
 CHECKS = {
     "current_device": check_current_device,
     "rng": check_rng,
@@ -99,6 +133,9 @@ CHECKS = {
     "cuda_type_str": check_cuda_type_str,
     "sp_norm": check_sp_norm,
     "recompute_mask": check_recompute_mask,
+    "moe_dtoh_stream": check_moe_dtoh_stream,
+    "moe_router_gemm": check_moe_router_gemm,
+    "uneven_split": check_uneven_split,
 }
 
 
