@@ -127,3 +127,18 @@ def test_transformers5_fused_experts_split_into_the_checkpoints_per_expert_tenso
     assert torch.equal(out["model.layers.0.mlp.experts.2.up_proj.weight"], gate_up[2, 3:])
     assert torch.equal(out["model.layers.0.mlp.experts.1.down_proj.weight"], down[1])
     assert len(out) == 4 * 3 + 1
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_config_checks_count_the_experts_the_model_is_built_with(tmp_path, family):
+    """megarl.config.parallel_checks reads the expert count from config.json without torch (the ep
+    rules); it must be the count the megatron model is built with."""
+    from megarl.config.parallel_checks import read_model_dims
+    from megarl.models.tiny import tiny_config
+
+    tiny_config(family).save_pretrained(tmp_path)  # transformers 5 writes num_local_experts
+    assert (
+        read_model_dims(str(tmp_path)).num_experts
+        == ModelArchitecture.from_pretrained(tmp_path).num_experts
+        == 4
+    )
