@@ -47,14 +47,6 @@ def _model(sequence_parallel: bool = False, recompute: bool = False):
     return build_model_chunks(ARCH, layout, recompute=recompute)
 
 
-def _moe_forward(tp: int, ep: int) -> None:
-    layout = ParallelLayout(world_size=2, tp=tp, ep=ep, sequence_parallel=tp > 1)
-    layout.initialize()
-    chunks = build_model_chunks(MOE_ARCH, layout)
-    batch = [{"input_ids": torch.arange(8).unsqueeze(0)}]
-    run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
-
-
 def check_current_device():
     _model()
 
@@ -117,12 +109,27 @@ def check_moe_dtoh_stream():
 
 
 def check_moe_router_gemm():
-    _moe_forward(tp=1, ep=2)
+    layout = ParallelLayout(world_size=2, ep=2)
+    layout.initialize()
+    chunks = build_model_chunks(MOE_ARCH, layout)
+    batch = [{"input_ids": torch.arange(8).unsqueeze(0)}]
+    run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
 
 
 def check_uneven_split():
-    # expert-TP 2: the dispatcher gathers each rank's routed tokens over TP in uneven splits
-    _moe_forward(tp=2, ep=1)
+    # With TP and EP (> 2 ranks) the dispatcher gathers each rank's routed tokens over TP in uneven
+    # splits and reduce-scatters them back: megatron's calls, on rank r's r + 1 tokens
+    from megatron.core.tensor_parallel import mappings
+
+    ParallelLayout(world_size=2, tp=2).initialize()
+    rank, splits = dist.get_rank(), [1, 2]
+    tokens = torch.full((rank + 1, 4), float(rank), requires_grad=True)
+    gathered = mappings.gather_from_sequence_parallel_region(tokens, output_split_sizes=splits)
+    assert gathered.tolist() == [[0.0] * 4, [1.0] * 4, [1.0] * 4]
+    back = mappings.reduce_scatter_to_sequence_parallel_region(gathered, input_split_sizes=splits)
+    assert torch.equal(back, 2 * tokens.detach())
+    back.sum().backward()  # the gather's backward: the uneven reduce-scatter
+    assert torch.equal(tokens.grad, torch.full_like(tokens, 2.0))
 
 
 CHECKS = {
