@@ -15,7 +15,7 @@ from pathlib import Path
 from megarl.cli.rank_jobs import check_launch, launch
 
 # megarl.models.tiny.ALL_TINY_FAMILIES (not imported here: transformers is slow to import)
-TINY_FAMILY_NAMES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"]
+TINY_FAMILY_NAMES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "phi3", "gemma2"]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -33,8 +33,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--tp", type=int, default=1)
     verify.add_argument("--pp", type=int, default=1)
     verify.add_argument("--vpp", type=int, default=None)
+    verify.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE models)")
     verify.add_argument("--sequence-parallel", action="store_true")
-    verify.add_argument("--nproc", type=int, default=None, help="ranks to launch (default tp*pp; more = DP)")
+    verify.add_argument(
+        "--nproc", type=int, default=None, help="ranks to launch (default tp*pp*ep; more = DP)"
+    )
     verify.add_argument("--tolerance", type=float, default=5e-5, help="max |Δlogits| allowed (fp32)")
     verify.add_argument("--json", action="store_true", help="print one JSON line per layout")
     verify.add_argument(
@@ -56,11 +59,12 @@ def tiny_model(args: argparse.Namespace) -> int:
 
 
 def verify_model(args: argparse.Namespace) -> int:
-    nproc = args.nproc or args.tp * args.pp
-    check_launch(args.hf, args.tp, args.pp, args.vpp, nproc, args.sequence_parallel)
+    nproc = args.nproc or args.tp * args.pp * args.ep
+    check_launch(args.hf, args.tp, args.pp, args.vpp, nproc, args.sequence_parallel, args.ep)
     layout = (
         f"tp{args.tp}pp{args.pp}"
         + (f"vpp{args.vpp}" if args.vpp else "")
+        + (f"ep{args.ep}" if args.ep > 1 else "")
         + ("sp" if args.sequence_parallel else "")
     )
     worker_args = ["--hf", args.hf, "--layouts", layout, "--tolerance", str(args.tolerance)]

@@ -9,7 +9,7 @@ from megarl.cli.errors import UsageError
 
 
 def check_launch(
-    hf: str, tp: int, pp: int, vpp: int | None, nproc: int, sequence_parallel: bool = False
+    hf: str, tp: int, pp: int, vpp: int | None, nproc: int, sequence_parallel: bool = False, ep: int = 1
 ) -> None:
     """Reject impossible conversions/verifications before torchrun starts any rank."""
     from megarl.config.errors import ConfigError
@@ -20,7 +20,7 @@ def check_launch(
 
     if not (Path(hf) / "config.json").is_file():
         raise UsageError(f"--hf {hf}: no config.json there; point it at a Hugging Face checkpoint directory")
-    parallel = ParallelConfig(tp=tp, pp=pp, vpp=vpp, sequence_parallel=sequence_parallel)
+    parallel = ParallelConfig(tp=tp, pp=pp, ep=ep, vpp=vpp, sequence_parallel=sequence_parallel)
     flags = LayoutKeys(flags=True)  # problem lines name --tp, --pp, ... as typed
     problems = ParallelLayout.check(parallel, nproc, flags, world=f"--nproc={nproc}")
     ModelArchitecture.from_pretrained(hf)  # names an unsupported architecture before anything else

@@ -250,6 +250,98 @@ def _remove_recompute_mask() -> None:
     _restore(fused_softmax, "get_default_causal_mask", "recompute_mask")
 
 
+# --- moe_dtoh_stream: the all-to-all MoE token dispatcher copies its split sizes to the host on a side
+# CUDA stream (created in its constructor) and waits on an event from it; on CPU the sizes are host
+# tensors already, so the same copies run without a stream.
+
+
+def _cpu_dtoh_and_synchronize(self, point, tokens_per_expert=None):
+    """MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize without streams: at the copy point the
+    split sizes become numpy arrays (what the CUDA path's host copies give), nothing to wait for."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
+def _apply_moe_dtoh_stream() -> None:
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as d
+
+    _swap(d, "cuda_dtoh_stream", "cpu", "moe_stream")  # set: the constructor then creates none
+    _swap(d, "_maybe_dtoh_and_synchronize", _cpu_dtoh_and_synchronize, "moe_dtoh")
+
+
+def _remove_moe_dtoh_stream() -> None:
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as d
+
+    _restore(d, "cuda_dtoh_stream", "moe_stream")
+    _restore(d, "_maybe_dtoh_and_synchronize", "moe_dtoh")
+
+
+# --- moe_router_gemm: without Transformer Engine, megatron's router linear reads a name (te_general_gemm)
+# that only TE's import defines (NameError); None selects its torch.mm branch.
+
+
+def _apply_moe_router_gemm() -> None:
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+        _originals["moe_router_gemm"] = True
+
+
+def _remove_moe_router_gemm() -> None:
+    from megatron.core.transformer.moe import moe_utils
+
+    if _originals.pop("moe_router_gemm", None):
+        del moe_utils.te_general_gemm
+
+
+# --- uneven_split: with TP and EP the all-to-all dispatcher gathers and reduce-scatters tokens over TP
+# in uneven per-rank splits (all_gather into unequal tensors, list reduce_scatter), which gloo refuses
+# ("invalid tensor size"; no reduce_scatter). Equal-size collectives give the same tensors: the gather
+# pads every split to the largest, the reduce-scatter all-reduces and keeps this rank's split.
+
+
+def _gather_uneven(input_, group, output_split_sizes=None, use_global_buffer=False):
+    import torch.distributed as dist
+
+    if output_split_sizes is None or group.size() == 1:
+        return _originals["uneven_gather"](input_, group, output_split_sizes, use_global_buffer)
+    rows = max(output_split_sizes)
+    padded = input_.new_zeros(rows, *input_.shape[1:])
+    padded[: input_.shape[0]] = input_
+    gathered = [torch.empty_like(padded) for _ in range(group.size())]
+    dist.all_gather(gathered, padded.contiguous(), group=group)
+    return torch.cat([g[:n] for g, n in zip(gathered, output_split_sizes)])
+
+
+def _reduce_scatter_uneven(input_, group, input_split_sizes=None, use_global_buffer=False):
+    import torch.distributed as dist
+
+    if input_split_sizes is None or group.size() == 1:
+        return _originals["uneven_scatter"](input_, group, input_split_sizes, use_global_buffer)
+    total = input_.contiguous().clone()
+    dist.all_reduce(total, group=group)
+    return total.split(list(input_split_sizes))[group.rank()].contiguous()
+
+
+def _apply_uneven_split() -> None:
+    from megatron.core.tensor_parallel import mappings
+
+    _swap(mappings, "_gather_along_first_dim", _gather_uneven, "uneven_gather")
+    _swap(mappings, "_reduce_scatter_along_first_dim", _reduce_scatter_uneven, "uneven_scatter")
+
+
+def _remove_uneven_split() -> None:
+    from megatron.core.tensor_parallel import mappings
+
+    _restore(mappings, "_gather_along_first_dim", "uneven_gather")
+    _restore(mappings, "_reduce_scatter_along_first_dim", "uneven_scatter")
+
+
 SHIMS: dict[str, Shim] = {
     s.name: s
     for s in (
@@ -285,6 +377,24 @@ SHIMS: dict[str, Shim] = {
             _apply_recompute_mask,
             _remove_recompute_mask,
         ),
+        Shim(
+            "moe_dtoh_stream",
+            "MoE layers with the all-to-all token dispatcher",
+            _apply_moe_dtoh_stream,
+            _remove_moe_dtoh_stream,
+        ),
+        Shim(
+            "moe_router_gemm",
+            "MoE routers without Transformer Engine",
+            _apply_moe_router_gemm,
+            _remove_moe_router_gemm,
+        ),
+        Shim(
+            "uneven_split",
+            "MoE layers with TP and EP (the dispatcher's uneven TP gathers)",
+            _apply_uneven_split,
+            _remove_uneven_split,
+        ),
     )
 }
 
@@ -292,7 +402,7 @@ _applied: set[str] = set()
 _deferred: set[str] = set()
 # These patch megatron modules; importing megatron costs ~5 s per process, so a process that never
 # builds a model (a Ray worker answering `coordinates`) should not pay for it.
-_NEEDS_MEGATRON = ("rng", "sp_norm", "recompute_mask")
+_NEEDS_MEGATRON = ("rng", "sp_norm", "recompute_mask", "moe_dtoh_stream", "moe_router_gemm", "uneven_split")
 
 
 def apply_cpu_shims(skip: tuple[str, ...] = ()) -> list[str]:

@@ -32,6 +32,8 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLPSubmodules
+from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
@@ -90,8 +92,15 @@ class TorchSpecProvider(LocalSpecProvider):
     def activation_func(self) -> type:
         return SwiGLU  # no concatenation in its backward
 
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool):
+        # MoE experts: megatron's SequentialMLP (one MLP per local expert) of this backend's linears;
+        # GroupedMLP needs the grouped_gemm CUDA package
+        return SequentialMLP, MLPSubmodules(
+            linear_fc1=self.column_parallel_linear(), linear_fc2=self.row_parallel_linear()
+        )
+
     def layer_spec(self, arch: ModelArchitecture) -> ModuleSpec:
-        return local_layer_spec(self, arch.qk_norm)
+        return local_layer_spec(self, arch.qk_norm, arch.num_experts)
 
     def configure(self, config: TransformerConfig) -> None:
         # megatron applies the spec's activation module to the whole fc1 output only with this flag
@@ -114,7 +123,10 @@ class TransformerEngineSpecProvider(TESpecProvider):
     gemm = "torch"  # not megarl's OpenBLAS
 
     def layer_spec(self, arch: ModelArchitecture) -> ModuleSpec:
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+        # MoE experts as SequentialMLP (per-expert TE linears): the parameter names of the CPU path
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=arch.num_experts or None, moe_grouped_gemm=False, qk_layernorm=arch.qk_norm
+        )
 
     def configure(self, config: TransformerConfig) -> None:
         pass
@@ -123,10 +135,11 @@ class TransformerEngineSpecProvider(TESpecProvider):
         pass
 
 
-def local_layer_spec(backend: BackendSpecProvider, qk_norm: bool) -> ModuleSpec:
-    """megatron's `get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")` (dense, no
-    MLA) assembled from `backend` (megatron's function always uses its own LocalSpecProvider), the MLP
-    applying the backend's activation module where it has one."""
+def local_layer_spec(backend: BackendSpecProvider, qk_norm: bool, num_experts: int = 0) -> ModuleSpec:
+    """megatron's `get_gpt_layer_local_spec(num_experts=num_experts or None, qk_layernorm=qk_norm,
+    normalization="RMSNorm")` (no MLA) assembled from `backend` (megatron's function always uses its own
+    LocalSpecProvider), the MLP applying the backend's activation module where it has one; `num_experts`
+    > 0: a mixture-of-experts MLP."""
     norm = backend.layer_norm(rms_norm=True, for_qk=False)
     qk_layernorm = backend.layer_norm(rms_norm=True, for_qk=True) if qk_norm else IdentityOp
     return ModuleSpec(
@@ -146,7 +159,9 @@ def local_layer_spec(backend: BackendSpecProvider, qk_norm: bool) -> ModuleSpec:
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=norm,
-            mlp=get_mlp_module_spec_for_backend(backend=backend, use_te_activation_func=True),
+            mlp=get_mlp_module_spec_for_backend(
+                backend=backend, num_experts=num_experts or None, use_te_activation_func=True
+            ),
             mlp_bda=get_bias_dropout_add,
             sharded_state_dict_keys_map={
                 "input_layernorm.": "self_attention.linear_qkv.layer_norm_",

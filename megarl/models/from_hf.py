@@ -1,6 +1,8 @@
-"""Hugging Face config -> megatron-core TransformerConfig and GPTModel arguments (Llama family).
+"""Hugging Face config -> megatron-core TransformerConfig and GPTModel arguments (Llama family and its
+mixture-of-experts relatives).
 
-Family differences (Llama, Mistral, Qwen2, Qwen3) are data in `FAMILIES`, not branches.
+Family differences (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE) are data in `FAMILIES`, not
+branches.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Family:
     qkv_bias_key: str | None  # HF config key that turns q/k/v bias on; None when fixed by the family
     qkv_bias_default: bool
     qk_norm: bool
+    moe: bool = False  # every decoder layer's MLP is a routed mixture of experts
+    shared_expert: bool = False  # plus a shared expert scaled by sigmoid(shared_expert_gate(x))
 
 
 FAMILIES: dict[str, Family] = {
@@ -37,7 +41,78 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family(qkv_bias_key=None, qkv_bias_default=False, qk_norm=False),
     "qwen2": Family(qkv_bias_key=None, qkv_bias_default=True, qk_norm=False),
     "qwen3": Family(qkv_bias_key="attention_bias", qkv_bias_default=False, qk_norm=True),
+    "qwen2_moe": Family(
+        qkv_bias_key="qkv_bias", qkv_bias_default=True, qk_norm=False, moe=True, shared_expert=True
+    ),
+    "qwen3_moe": Family(qkv_bias_key="attention_bias", qkv_bias_default=False, qk_norm=True, moe=True),
 }
+
+# megatron's router modules, one per MoE layer ({i}: the global layer index): what router replay wraps.
+ROUTER_MODULE = "decoder.layers.{i}.mlp.router"
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The mixture-of-experts part of an architecture (HF names in the comments)."""
+
+    num_experts: int  # num_experts (transformers 5 writes num_local_experts)
+    topk: int  # num_experts_per_tok
+    ffn_hidden_size: int  # moe_intermediate_size: one expert's
+    norm_topk_prob: bool  # the top-k probabilities renormalised to sum to 1
+    shared_expert_size: int  # shared_expert_intermediate_size; 0: no shared expert
+    # router_aux_loss_coef, counted (as in HF training) only where output_router_logits is true
+    aux_loss_coeff: float
+    z_loss_coeff: float  # router_z_loss_coef (absent in the Qwen configs: 0)
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], family: Family) -> MoE:
+        if cfg.get("decoder_sparse_step", 1) != 1:
+            raise UnsupportedModelError(
+                f"decoder_sparse_step={cfg['decoder_sparse_step']}: megarl converts MoE models whose every "
+                "layer is sparse (decoder_sparse_step=1)"
+            )
+        if cfg.get("mlp_only_layers"):
+            raise UnsupportedModelError(
+                f"mlp_only_layers={cfg['mlp_only_layers']}: megarl converts MoE models without dense layers "
+                "(mlp_only_layers=[])"
+            )
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0) if family.shared_expert else 0
+        if family.shared_expert and shared <= 0:
+            raise UnsupportedModelError(
+                f"shared_expert_intermediate_size={shared}: {cfg['model_type']} needs a shared expert (> 0)"
+            )
+        return cls(
+            num_experts=cfg.get("num_experts") or cfg["num_local_experts"],
+            topk=cfg["num_experts_per_tok"],
+            ffn_hidden_size=cfg["moe_intermediate_size"],
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            shared_expert_size=shared,
+            aux_loss_coeff=float(cfg.get("router_aux_loss_coef", 0.0))
+            if cfg.get("output_router_logits")
+            else 0.0,
+            z_loss_coeff=float(cfg.get("router_z_loss_coef") or 0.0),
+        )
+
+    def transformer_config_fields(self) -> dict[str, Any]:
+        """megatron's MoE TransformerConfig fields: the all-to-all token dispatcher, routing in fp32."""
+        return dict(
+            num_moe_experts=self.num_experts,
+            moe_router_topk=self.topk,
+            moe_ffn_hidden_size=self.ffn_hidden_size,
+            # softmax over all experts then top-k (HF's order); without that, top-k logits then softmax
+            # over them: the renormalised probabilities of norm_topk_prob
+            moe_router_pre_softmax=not self.norm_topk_prob,
+            moe_router_score_function="softmax",
+            moe_router_dtype="fp32",
+            moe_shared_expert_intermediate_size=self.shared_expert_size or None,
+            moe_shared_expert_gate=self.shared_expert_size > 0,
+            moe_token_dispatcher_type="alltoall",
+            moe_grouped_gemm=False,  # SequentialMLP: per-expert linears, HF's per-expert tensors
+            moe_router_load_balancing_type="aux_loss" if self.aux_loss_coeff else "none",
+            moe_aux_loss_coeff=self.aux_loss_coeff,
+            moe_z_loss_coeff=self.z_loss_coeff or None,
+        )
+
 
 _LLAMA3_ROPE_DEFAULTS = {
     "low_freq_factor": 1.0,
@@ -68,6 +143,17 @@ class ModelArchitecture:
     qk_norm: bool
     hf_config: dict[str, Any]
     head: str = "lm"  # "lm": vocabulary logits; "scalar": one value per token (critic / reward model)
+    moe: MoE | None = None  # None: a dense model
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per layer; 0 for a dense model."""
+        return self.moe.num_experts if self.moe else 0
+
+    @property
+    def moe_topk(self) -> int:
+        """Experts each token is routed to; 0 for a dense model."""
+        return self.moe.topk if self.moe else 0
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArchitecture:
@@ -103,7 +189,11 @@ class ModelArchitecture:
             raise UnsupportedModelError(
                 f"{architecture} with {len(cfg['id2label'])} labels: only 1 (a scalar score)"
             )
-        qkv_bias = cfg.get(family.qkv_bias_key, False) if family.qkv_bias_key else family.qkv_bias_default
+        qkv_bias = (
+            cfg.get(family.qkv_bias_key, family.qkv_bias_default)
+            if family.qkv_bias_key
+            else family.qkv_bias_default
+        )
         return cls(
             family=model_type,
             num_layers=cfg["num_hidden_layers"],
@@ -123,6 +213,7 @@ class ModelArchitecture:
             qk_norm=family.qk_norm,
             hf_config=cfg,
             head="scalar" if scalar else "lm",
+            moe=MoE.from_hf_config(cfg, family) if family.moe else None,
         )
 
     @classmethod
@@ -184,6 +275,8 @@ class ModelArchitecture:
             recompute_granularity="full" if recompute else None,
             recompute_method="uniform" if recompute else None,
             recompute_num_layers=1 if recompute else None,
+            expert_model_parallel_size=layout.ep,
+            **(self.moe.transformer_config_fields() if self.moe else {}),
         )
 
     def gpt_model_kwargs(self, padded_vocab: int) -> dict[str, Any]:

@@ -25,7 +25,9 @@ from transformers import (
     PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 
@@ -37,6 +39,16 @@ class TinyFamily:
     config_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
+_MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+}
+
 TINY_FAMILIES: dict[str, TinyFamily] = {
     "llama": TinyFamily(LlamaConfig, {"attention_bias": False, "tie_word_embeddings": False}),
     # Qwen2 hard-codes bias on q/k/v (not o); it has no attention_bias switch.
@@ -47,6 +59,13 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
     ),
     # Full attention keeps Mistral numerically comparable to Llama at these lengths.
     "mistral": TinyFamily(MistralConfig, {"tie_word_embeddings": False, "sliding_window": None}),
+    # Mixture of experts in every layer: 4 experts, top-2. Qwen3-MoE renormalises the top-k
+    # probabilities (as the released models do); Qwen2-MoE does not, and adds a shared expert scaled by
+    # sigmoid(shared_expert_gate(x)).
+    "qwen3_moe": TinyFamily(Qwen3MoeConfig, {**_MOE, "norm_topk_prob": True, "attention_bias": False}),
+    "qwen2_moe": TinyFamily(
+        Qwen2MoeConfig, {**_MOE, "norm_topk_prob": False, "shared_expert_intermediate_size": 96}
+    ),
 }
 
 # Architectures megarl's Megatron conversion does not cover, for the FSDP backend: both transformers and

@@ -5,12 +5,14 @@ layout it builds the megatron model, loads the HF weights, and compares with the
 same batch:
   max |Δlogits|                     forward only, full vocabulary gathered over TP
   loss, grad norm                   forward+backward, batch split over DP, micro-batches through PP
+  round trip                        the loaded weights gathered back to HF tensors: bit-exact
 It reports one result per layout; one above tolerance ("passed": false) makes the run exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import time
 
@@ -20,6 +22,7 @@ import torch.distributed as dist
 from megarl.distributed.layout import ParallelLayout
 from megarl.models.build import build_model_chunks
 from megarl.models.convert.hf_io import HFCheckpointReader
+from megarl.models.convert.llama import checkpoint_tensors
 from megarl.models.convert.loader import full_megatron_tensors, load_hf_into_chunks, to_hf_tensors
 from megarl.models.ddp import wrap_ddp
 from megarl.models.forward import gather_logits, run_microbatches, vocab_parallel_log_probs
@@ -28,12 +31,13 @@ from megarl.models.openblas_linear import gemm_of
 
 
 def parse_layout(text: str, world_size: int) -> ParallelLayout:
-    """'tp2pp2', 'tp1pp2vpp2', 'tp2pp1sp' (sequence parallel) -> ParallelLayout over world_size ranks."""
+    """'tp2pp2', 'tp1pp2vpp2', 'tp2pp1sp' (sequence parallel), 'tp2pp1ep2sp' (expert parallel) ->
+    ParallelLayout over world_size ranks."""
     if "cp" in text:
         raise ValueError(
             f"{text!r}: context parallelism is not verified yet (the batch is not split over CP)"
         )
-    sizes = {key: int(value) for key, value in re.findall(r"(vpp|tp|pp)(\d+)", text)}
+    sizes = {key: int(value) for key, value in re.findall(r"(vpp|tp|pp|ep)(\d+)", text)}
     if not sizes:
         raise ValueError(f"cannot read a layout from {text!r}; write it like tp2pp1, tp1pp2vpp2 or tp2pp1sp")
     return ParallelLayout(
@@ -41,6 +45,7 @@ def parse_layout(text: str, world_size: int) -> ParallelLayout:
         tp=sizes.get("tp", 1),
         pp=sizes.get("pp", 1),
         vpp=sizes.get("vpp"),
+        ep=sizes.get("ep", 1),
         sequence_parallel=text.endswith("sp"),
     )
 
@@ -65,7 +70,7 @@ def hf_reference(hf_dir: str, arch: ModelArchitecture, tokens: torch.Tensor) -> 
         objective = torch.nn.functional.cross_entropy(outputs.flatten(0, 1), tokens[:, 1:].flatten())
     objective.backward()
     norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in model.parameters() if p.grad is not None))
-    grads = {name: p.grad for name, p in model.named_parameters()}
+    grads = checkpoint_tensors({name: p.grad for name, p in model.named_parameters()})
     return {"logits": outputs.detach(), "loss": objective.item(), "grad_norm": norm.item(), "grads": grads}
 
 
@@ -75,19 +80,26 @@ def _full_output(out: torch.Tensor, arch: ModelArchitecture) -> torch.Tensor:
 
 def megatron_grad_norm(chunks: list[torch.nn.Module]) -> float:
     """The global gradient norm as megatron's optimizer measures it: TP-replicated and tied parameters
-    counted once, summed over the model-parallel group; frozen parameters (LoRA's base) have none."""
+    counted once, summed over the model-parallel group, routed experts' (`allreduce=False`) over the
+    expert-model-parallel group; frozen parameters (LoRA's base) have none."""
     from megatron.core import parallel_state as ps
     from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
     from megatron.core.transformer.module import param_is_not_shared
 
-    grads = [
-        p.main_grad
+    params = [
+        p
         for chunk in chunks
         for p in chunk.parameters()
         if p.requires_grad and param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)
     ]
-    return get_grad_norm_fp32(grads, grad_stats_parallel_group=ps.get_model_parallel_group())
+    dense = [p.main_grad for p in params if getattr(p, "allreduce", True)]
+    experts = [p.main_grad for p in params if not getattr(p, "allreduce", True)]
+    norm = get_grad_norm_fp32(dense, grad_stats_parallel_group=ps.get_model_parallel_group())
+    if not experts:
+        return norm
+    group = ps.get_expert_tensor_model_pipeline_parallel_group()
+    return math.hypot(norm, get_grad_norm_fp32(experts, grad_stats_parallel_group=group))
 
 
 def token_mean_backward(
@@ -125,6 +137,17 @@ def token_mean_backward(
     return chunks, loss
 
 
+def round_trip_exact(chunks, arch: ModelArchitecture, reader: HFCheckpointReader) -> bool:
+    """Whether the loaded model, gathered back into HF tensors by every rank (its PP stage: TP, expert-TP
+    and EP gathered), gives every checkpoint tensor bit for bit, and only those."""
+    produced = dict(to_hf_tensors(full_megatron_tensors(chunks, arch), arch))
+    exact = all(torch.equal(tensor, reader.get(name)) for name, tensor in produced.items())
+    names: list = [None] * dist.get_world_size()
+    dist.all_gather_object(names, (exact, sorted(produced)))
+    wanted = {n for n in reader.names() if not (arch.head == "scalar" and n == "lm_head.weight")}
+    return all(ok for ok, _ in names) and set().union(*(set(n) for _, n in names)) == wanted
+
+
 def check_layout(
     layout: ParallelLayout, arch: ModelArchitecture, reader, tokens: torch.Tensor, ref: dict
 ) -> dict:
@@ -152,6 +175,7 @@ def check_layout(
             return out.float().sum()
         return -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).sum()
 
+    round_trip = round_trip_exact(chunks, arch, reader)
     chunks, loss = token_mean_backward(chunks, layout, tokens, token_loss_sum)
     norm = megatron_grad_norm(chunks)
     hf_grads = to_hf_tensors(full_megatron_tensors(chunks, arch, grads=True), arch)
@@ -162,7 +186,7 @@ def check_layout(
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     layout.destroy()
     return {
-        "layout": layout.describe(),
+        "layout": layout.describe() + (f"xep{layout.ep}" if layout.ep > 1 else ""),
         "max_abs_logit_diff": stats[0].item(),
         "loss": loss.item(),
         "head": arch.head,
@@ -174,6 +198,7 @@ def check_layout(
         "grad_norm_rel_diff": abs(norm - ref["grad_norm"]) / ref["grad_norm"],
         "max_abs_grad_diff": stats[1].item(),
         "gemm": gemm_of(chunks),
+        "round_trip_exact": round_trip,
     }
 
 
@@ -202,7 +227,8 @@ def main(argv: list[str]) -> list[dict]:
                 tolerance=args.tolerance,
                 passed=result["max_abs_logit_diff"] <= args.tolerance
                 and result["loss_abs_diff"] <= args.tolerance
-                and result["grad_norm_rel_diff"] <= 1e-4,
+                and result["grad_norm_rel_diff"] <= 1e-4
+                and result["round_trip_exact"],
                 seconds=round(time.perf_counter() - start, 2),
             )
             results.append(result)

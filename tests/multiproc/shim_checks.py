@@ -29,6 +29,17 @@ ARCH = ModelArchitecture.from_hf_config(
     }
 )
 
+MOE_ARCH = ModelArchitecture.from_hf_config(
+    {
+        **ARCH.hf_config,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    }
+)
+
 
 def _model(sequence_parallel: bool = False, recompute: bool = False):
     layout = ParallelLayout(world_size=2, tp=2, sequence_parallel=sequence_parallel)
@@ -91,6 +102,36 @@ def check_recompute_mask():
     run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
 
 
+def check_moe_dtoh_stream():
+    layout = ParallelLayout(world_size=2, ep=2)
+    layout.initialize()
+    build_model_chunks(MOE_ARCH, layout)  # the dispatcher's constructor makes the CUDA stream
+
+
+def check_moe_router_gemm():
+    layout = ParallelLayout(world_size=2, ep=2)
+    layout.initialize()
+    chunks = build_model_chunks(MOE_ARCH, layout)
+    batch = [{"input_ids": torch.arange(8).unsqueeze(0)}]
+    run_microbatches(chunks, batch, lambda mb, logits: (logits.sum(), {}), forward_only=False)
+
+
+def check_uneven_split():
+    # With TP and EP (> 2 ranks) the dispatcher gathers each rank's routed tokens over TP in uneven
+    # splits and reduce-scatters them back: megatron's calls, on rank r's r + 1 tokens
+    from megatron.core.tensor_parallel import mappings
+
+    ParallelLayout(world_size=2, tp=2).initialize()
+    rank, splits = dist.get_rank(), [1, 2]
+    tokens = torch.full((rank + 1, 4), float(rank), requires_grad=True)
+    gathered = mappings.gather_from_sequence_parallel_region(tokens, output_split_sizes=splits)
+    assert gathered.tolist() == [[0.0] * 4, [1.0] * 4, [1.0] * 4]
+    back = mappings.reduce_scatter_to_sequence_parallel_region(gathered, input_split_sizes=splits)
+    assert torch.equal(back, 2 * tokens.detach())
+    back.sum().backward()  # the gather's backward: the uneven reduce-scatter
+    assert torch.equal(tokens.grad, torch.full_like(tokens, 2.0))
+
+
 CHECKS = {
     "current_device": check_current_device,
     "rng": check_rng,
@@ -99,6 +140,9 @@ CHECKS = {
     "cuda_type_str": check_cuda_type_str,
     "sp_norm": check_sp_norm,
     "recompute_mask": check_recompute_mask,
+    "moe_dtoh_stream": check_moe_dtoh_stream,
+    "moe_router_gemm": check_moe_router_gemm,
+    "uneven_split": check_uneven_split,
 }
 
 

@@ -1,13 +1,14 @@
 """Megatron vs transformers (fp32, CPU): logits, loss and every gradient, at every layout. One rank
 program (tests/multiproc/parity_checks.py, in the 4-rank launch shared with other modules:
-tests/multiproc/conftest.py) runs the LM families, the scalar heads and the RoPE scalings."""
+tests/multiproc/conftest.py) runs the LM families, the scalar heads, the RoPE scalings and the
+mixture-of-experts families with expert parallelism."""
 
 import json
 import re
 
 import pytest
 
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, PARITY_INIT
 from tests.helpers.lora import make_peft_adapter
 from tests.multiproc.conftest import shared_result
 
@@ -18,7 +19,8 @@ LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
 
 def _argv(request) -> list[str]:
     """parity_checks' argv: verify's arguments of "lm" (every family at every layout), "scalar" (the
-    reward models at SCALAR_LAYOUTS) and "rope" (two RoPE scalings at TP2, 64 tokens)."""
+    reward models at SCALAR_LAYOUTS), "rope" (two RoPE scalings at TP2, 64 tokens) and "moe" (the MoE
+    families at MOE_LAYOUTS)."""
     from megarl.models.tiny import build_tiny_hf
 
     root = request.getfixturevalue("tmp_path_factory").mktemp("rope")
@@ -30,6 +32,7 @@ def _argv(request) -> list[str]:
     def hf_args(paths) -> list[str]:
         return [str(a) for path in paths for a in ("--hf", path)]
 
+    moe_models = [build_tiny_hf(root / family, family=family, **PARITY_INIT) for family in MOE_FAMILIES]
     lm, scalar = request.getfixturevalue("tiny_models"), request.getfixturevalue("tiny_reward_models")
     parts = {
         # Megatron's linear layers through OpenBLAS (megarl.models.cpu_gemm), the choice on AMD CPUs, on
@@ -37,6 +40,7 @@ def _argv(request) -> list[str]:
         "lm": [*hf_args(lm.values()), "--layouts", ",".join(LAYOUTS)],
         "scalar": [*hf_args(scalar.values()), "--layouts", ",".join(SCALAR_LAYOUTS)],
         "rope": [*hf_args(rope_models), "--layouts", "tp2pp1", "--seq", "64"],
+        "moe": [*hf_args(moe_models), "--layouts", ",".join(MOE_LAYOUTS)],
     }
     for family in LORA_FAMILIES:  # megarl.models.lora.verify: megatron's LoRA vs PEFT's
         adapter = make_peft_adapter(lm[family], root / f"adapter-{family}")
@@ -162,3 +166,23 @@ def test_lora_matches_peft_at_every_layout(parity_launch, family):
         assert r["max_abs_logit_diff"] <= 5e-5 and r["merged_logit_diff"] <= 5e-5, r
         assert r["loss_abs_diff"] <= 5e-6 and r["max_abs_grad_diff"] <= 5e-5, r
         assert r["grad_norm_rel_diff"] <= 1e-5 and not r["missing_grads"], r
+
+
+# EP1 (4-way DP, so each expert's gradient is averaged over DP), EP2, TP2×EP2 (experts split over
+# expert-TP = TP; megatron needs SP there), PP2; the all-to-all token dispatcher over gloo.
+MOE_FAMILIES = ["qwen3_moe", "qwen2_moe"]  # top-k renormalised; not renormalised + gated shared expert
+MOE_LAYOUTS = ["tp1pp1", "tp1pp1ep2", "tp2pp1ep2sp", "tp1pp2"]
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_moe_logits_loss_and_gradients_match_hf_at_every_expert_layout(parity_launch, family):
+    rows = [r for r in parity_launch["moe"] if r["family"] == family]
+    assert sorted(re.sub(r"xdp\d+", "", r["layout"]) for r in rows) == sorted(
+        ["tp1xpp1", "tp1xpp1xep2", "tp2xpp1xspxep2", "tp1xpp2"]
+    )
+    for r in rows:
+        assert r["hf_logits_abs_max"] > 1.0
+        assert r["max_abs_logit_diff"] <= 5e-5, r
+        assert r["loss_abs_diff"] <= 5e-6 and r["max_abs_grad_diff"] <= 5e-5, r
+        assert r["grad_norm_rel_diff"] <= 1e-5, r
+        assert r["round_trip_exact"], r  # HF -> megatron shards (EP, expert-TP) -> HF, bit for bit

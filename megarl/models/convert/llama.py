@@ -1,8 +1,12 @@
-"""HF <-> megatron names and layouts for the Llama family (Llama, Mistral, Qwen2, Qwen3), as data.
+"""HF <-> megatron names and layouts for the Llama family (Llama, Mistral, Qwen2, Qwen3) and its MoE
+relatives (Qwen2-MoE, Qwen3-MoE), as data.
 
-`PARAMS` maps each megatron parameter (local layer spec names; `{i}` is the global layer index) to the
-HF tensors it is made of and its TP layout (ParamKind). Entries whose HF tensors a given
-checkpoint does not have (biases, q/k norms, a tied lm_head) are simply absent from that model.
+`PARAMS` maps each megatron parameter (local layer spec names; `{i}` is the global layer index, `{e}` the
+global expert index) to the HF tensors it is made of and its TP layout (ParamKind). Entries whose HF
+tensors a given checkpoint does not have (biases, q/k norms, a tied lm_head, a dense MLP in a MoE model)
+are simply absent from that model. Routed experts (`expert=True`) are spread over expert-parallel ranks
+whole (each holds num_experts/ep of them, `local_experts.{l}` being global expert ep_rank·(num_experts/ep)
++ l) and split by their ParamKind over the expert-tensor-parallel group.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class ParamMap:
     hf: tuple[str, ...]
     kind: ParamKind
     combine: str = "single"  # "single" | "qkv" | "gate_up": how several HF tensors become one
+    expert: bool = False  # one routed expert's: split over EP by expert, over expert-TP by `kind`
 
 
 _L = "model.layers.{i}."
@@ -54,6 +59,33 @@ PARAMS: dict[str, ParamMap] = {
     ),
     "decoder.layers.{i}.mlp.linear_fc2.weight": ParamMap((_L + "mlp.down_proj.weight",), ParamKind.ROW),
 }
+_X = "decoder.layers.{i}.mlp.experts.local_experts.{e}."
+MOE_PARAMS: dict[str, ParamMap] = {
+    "decoder.layers.{i}.mlp.router.weight": ParamMap((_L + "mlp.gate.weight",), ParamKind.REPLICATED),
+    _X + "linear_fc1.weight": ParamMap(
+        (_L + "mlp.experts.{e}.gate_proj.weight", _L + "mlp.experts.{e}.up_proj.weight"),
+        ParamKind.GATE_UP,
+        "gate_up",
+        expert=True,
+    ),
+    _X + "linear_fc2.weight": ParamMap(
+        (_L + "mlp.experts.{e}.down_proj.weight",), ParamKind.ROW, expert=True
+    ),
+}
+SHARED_EXPERT_PARAMS: dict[str, ParamMap] = {
+    "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight": ParamMap(
+        (_L + "mlp.shared_expert.gate_proj.weight", _L + "mlp.shared_expert.up_proj.weight"),
+        ParamKind.GATE_UP,
+        "gate_up",
+    ),
+    "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight": ParamMap(
+        (_L + "mlp.shared_expert.down_proj.weight",), ParamKind.ROW
+    ),
+    "decoder.layers.{i}.mlp.shared_experts.gate_weight": ParamMap(
+        (_L + "mlp.shared_expert_gate.weight",), ParamKind.REPLICATED
+    ),
+}
+_DENSE_MLP = ("decoder.layers.{i}.mlp.linear_fc1.weight", "decoder.layers.{i}.mlp.linear_fc2.weight")
 
 # Critic / reward models: megarl's ScalarHead sits where the LM head was.
 SCALAR_HEAD = ParamMap(("score.weight",), ParamKind.REPLICATED)
@@ -65,6 +97,7 @@ TE_ALIASES = {
 }
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 
 def split_layer_name(name: str) -> tuple[str, int | None]:
@@ -76,15 +109,35 @@ def split_layer_name(name: str) -> tuple[str, int | None]:
     return "decoder.layers.{i}." + suffix, int(match.group(1))
 
 
+def split_expert_name(template: str) -> tuple[str, int | None]:
+    """'decoder.layers.{i}.mlp.experts.local_experts.5.linear_fc1.weight' -> ('...local_experts.{e}...', 5)."""
+    match = _EXPERT.search(template)
+    if not match:
+        return template, None
+    return template[: match.start()] + ".local_experts.{e}." + template[match.end() :], int(match.group(1))
+
+
+def params_of(arch: ModelArchitecture) -> dict[str, ParamMap]:
+    """The map entries of `arch`: the dense MLP's, or the router's and experts' (and the shared
+    expert's) of a mixture-of-experts model."""
+    if arch.moe is None:
+        return PARAMS
+    dense = {k: v for k, v in PARAMS.items() if k not in _DENSE_MLP}
+    return {**dense, **MOE_PARAMS, **(SHARED_EXPERT_PARAMS if arch.moe.shared_expert_size else {})}
+
+
 def param_map(name: str, arch: ModelArchitecture) -> tuple[ParamMap, list[str]]:
-    """The map entry and concrete HF names for a megatron parameter name with a global layer index."""
+    """The map entry and concrete HF names for a megatron parameter name with a global layer index (and
+    a global expert index)."""
     template, layer = split_layer_name(name)
-    if template not in PARAMS:
-        raise KeyError(f"no HF mapping for megatron parameter {name!r}")
+    template, expert = split_expert_name(template)
+    params = params_of(arch)
+    if template not in params:
+        raise KeyError(f"no HF mapping for megatron parameter {name!r} of a {arch.family} model")
     if template == "output_layer.weight" and arch.head == "scalar":
         return SCALAR_HEAD, list(SCALAR_HEAD.hf)
-    entry = PARAMS[template]
-    hf_names = [h.format(i=layer) for h in entry.hf]
+    entry = params[template]
+    hf_names = [h.format(i=layer, e=expert) for h in entry.hf]
     if template == "output_layer.weight" and arch.tie_embeddings:
         hf_names = ["model.embed_tokens.weight"]
     return entry, hf_names
@@ -124,15 +177,38 @@ def megatron_names(arch: ModelArchitecture) -> list[str]:
     """Every full-model megatron parameter name this architecture has, in HF order."""
     names = ["embedding.word_embeddings.weight"]
     for i in range(arch.num_layers):
-        for template in PARAMS:
+        for template, entry in params_of(arch).items():
             if not template.startswith("decoder.layers."):
                 continue
             if template.endswith("linear_qkv.bias") and not arch.qkv_bias:
                 continue
             if "_layernorm.weight" in template and "self_attention" in template and not arch.qk_norm:
                 continue
-            names.append(template.format(i=i))
+            experts = range(arch.num_experts) if entry.expert else [None]
+            names.extend(template.format(i=i, e=e) for e in experts)
     names.append("decoder.final_layernorm.weight")
     if not arch.tie_embeddings or arch.head == "scalar":
         names.append("output_layer.weight")
     return names
+
+
+# transformers >= 5 holds a MoE layer's experts fused in memory (`mlp.experts.gate_up_proj` [E, 2I, H],
+# `mlp.experts.down_proj` [E, H, I]) and writes them per expert to the checkpoint.
+_FUSED_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+_FUSED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def checkpoint_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers model's named tensors (parameters or their gradients) under its checkpoint names:
+    fused expert tensors split per expert; others unchanged."""
+    out = {}
+    for name, tensor in named.items():
+        match = _FUSED.match(name)
+        if not match:
+            out[name] = tensor
+            continue
+        prefix, fused = match.groups()
+        for e, per_expert in enumerate(tensor):
+            for part, piece in zip(_FUSED_EXPERTS[fused], per_expert.chunk(len(_FUSED_EXPERTS[fused]))):
+                out[f"{prefix}.{e}.{part}.weight"] = piece
+    return out

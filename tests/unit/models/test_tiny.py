@@ -27,15 +27,22 @@ def test_reloads_with_family_features(tiny_dirs, family):
     assert cfg.num_hidden_layers == 2
     assert cfg.head_dim == 32
     assert cfg.num_key_value_heads < cfg.num_attention_heads
-    assert (attn.q_proj.bias is not None) == (family == "qwen2")
-    assert (attn.k_proj.bias is not None) == (family == "qwen2")
-    assert (attn.v_proj.bias is not None) == (family == "qwen2")
-    assert hasattr(attn, "q_norm") == hasattr(attn, "k_norm") == (family == "qwen3")
+    biased = family in ("qwen2", "qwen2_moe")
+    assert (attn.q_proj.bias is not None) == biased
+    assert (attn.k_proj.bias is not None) == biased
+    assert (attn.v_proj.bias is not None) == biased
+    assert hasattr(attn, "q_norm") == hasattr(attn, "k_norm") == (family in ("qwen3", "qwen3_moe"))
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert tied == (family == "qwen2")
     assert not torch.allclose(model.model.norm.weight, torch.ones_like(model.model.norm.weight))
-    if family == "qwen2":
+    if biased:
         assert attn.q_proj.bias.abs().sum() > 0
+    mlp = model.model.layers[0].mlp
+    assert hasattr(mlp, "experts") == family.endswith("_moe")
+    assert hasattr(mlp, "shared_expert_gate") == (family == "qwen2_moe")
+    if family.endswith("_moe"):  # 4 experts, top-2, a random (not all-zero) router
+        assert (cfg.num_experts, cfg.num_experts_per_tok) == (4, 2)
+        assert mlp.gate.weight.abs().min() > 0
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
