@@ -2,7 +2,10 @@
 
 For every parameter of the model, in one global order that all ranks share:
   1. PP broadcast    the stage that owns it broadcasts this rank's training TP shard over the PP group
-                     (skipped when every stage holds it, e.g. tied embeddings at PP=2);
+                     (skipped when every stage holds it, e.g. tied embeddings at PP=2); a routed expert's
+                     only in the PP groups of its expert-parallel rank, which then
+     EP broadcast    sends it over the expert-parallel group (every rank then holds its TP shard of
+                     every expert);
   2. micro-DP gather an all-gather inside the plan's gather group (s = t/t_g consecutive TP ranks)
                      assembles the generation-TP shard: fused QKV stays grouped per query group,
                      SwiGLU [gate_i; up_i] shards are regrouped to [gate_g; up_g];
@@ -69,10 +72,11 @@ class ReshardStats:
 
 @dataclass(frozen=True)
 class ParamEntry:
-    name: str  # megatron name, global layer index
+    name: str  # megatron name, global layer index (and global expert index)
     owners: tuple[int, ...]  # PP stages holding it
     shape: tuple[int, ...]  # training TP shard shape
     dtype: torch.dtype
+    expert: int | None = None  # a routed expert's index: only its expert-parallel rank holds it
 
 
 def local_params(chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
@@ -103,8 +107,10 @@ def global_table(local: dict[str, torch.Tensor], arch: ModelArchitecture, pp_sta
         if name not in owners:
             raise KeyError(f"no rank holds {name}; the model and the name table disagree")
         shape, dtype = shapes[name]
+        param, _ = llama.param_map(name, arch)
+        expert = llama.split_expert_name(name)[1] if param.expert else None
         entries.append(
-            ParamEntry(name, tuple(sorted(owners[name])), shape, getattr(torch, dtype.split(".")[-1]))
+            ParamEntry(name, tuple(sorted(owners[name])), shape, getattr(torch, dtype.split(".")[-1]), expert)
         )
     return entries
 
@@ -131,6 +137,12 @@ class Resharder:
         self.pp_group = ps.get_pipeline_model_parallel_group()
         self.pp_ranks = plan.layout.pp_group_ranks(self.rank)  # indexed by stage
         self.tp_group = ps.get_tensor_model_parallel_group()
+        if arch.num_experts:
+            if plan.gen_ep:
+                raise NotImplementedError("resharding into an engine with expert parallelism (gen_ep)")
+            self.ep_group = ps.get_expert_model_parallel_group()
+            self.ep_ranks = plan.layout.ep_group_ranks(self.rank)  # indexed by EP rank
+            self.my_experts = plan.training_experts(self.rank, arch.num_experts)
         self.gather_group = None
         for ranks in plan.gather_groups:  # every rank creates every group, in the same order
             group = dist.new_group(ranks, timeout=collective_timeout()) if len(ranks) > 1 else None
@@ -178,21 +190,34 @@ class Resharder:
         return bucket
 
     def _on_this_stage(self, entry: ParamEntry, stats: ReshardStats) -> torch.Tensor:
-        """This rank's training TP shard of `entry`, broadcast from its owning stage if needed."""
+        """This rank's training TP shard of `entry`, broadcast from its owning stage (and a routed expert
+        from its expert-parallel rank) if needed."""
         start = time.perf_counter()
         kind = llama.param_map(entry.name, self.arch)[0].kind
         param_bytes = (
             math.prod(entry.shape) * entry.dtype.itemsize * (self.plan.layout.tp if kind.tp_sharded else 1)
         )
-        stats.floor_bytes += self.plan.received_bytes(self.rank, param_bytes, kind, entry.owners)
-        if self.coords.pp in entry.owners:
+        expert_rank = None if entry.expert is None else entry.expert // len(self.my_experts)
+        if expert_rank is None:
+            stats.floor_bytes += self.plan.received_bytes(self.rank, param_bytes, kind, entry.owners)
+        else:
+            stats.floor_bytes += self.plan.expert_received_bytes(
+                self.rank, param_bytes, entry.expert, self.arch.num_experts, kind, entry.owners[0]
+            )
+        on_expert_rank = expert_rank is None or entry.expert in self.my_experts
+        if self.coords.pp in entry.owners and on_expert_rank:
             shard = self.replaced.get(entry.name, self.local[entry.name]).detach()
         else:
             shard = torch.empty(entry.shape, dtype=entry.dtype, device=platform().device)
-        if len(entry.owners) < self.plan.layout.pp:
+        if len(entry.owners) < self.plan.layout.pp and on_expert_rank:
             shard = shard.contiguous()
             dist.broadcast(shard, src=self.pp_ranks[entry.owners[0]], group=self.pp_group)
             if self.coords.pp != entry.owners[0]:
+                stats.received_bytes += shard.numel() * shard.element_size()
+        if expert_rank is not None and self.plan.layout.ep > 1:
+            shard = shard.contiguous()
+            dist.broadcast(shard, src=self.ep_ranks[expert_rank], group=self.ep_group)
+            if not on_expert_rank:
                 stats.received_bytes += shard.numel() * shard.element_size()
         stats.seconds["pp_broadcast"] += time.perf_counter() - start
         return shard

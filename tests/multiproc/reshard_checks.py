@@ -1,6 +1,6 @@
 """Rank code for test_reshard: training shards -> generation-TP shards of HF tensors, on 4 ranks.
 
-argv: POLICY_HF. For each (t, p) -> t_g of issue 5, every rank reshards its freshly loaded model and
+argv: POLICY_HF MOE_HF. For each (t, p) -> t_g of issue 5 (and each (t, p, ep) -> t_g of a Qwen3-MoE), every rank reshards its freshly loaded model and
 checks each HF tensor's engine region (what vLLM's loader narrows for generation TP rank g) against the
 HF checkpoint, bit for bit; and counts bytes received against the plan's floor, zero-redundancy vs naive.
 """
@@ -18,12 +18,14 @@ from megarl.models.convert.hf_io import HFCheckpointReader
 from megarl.workers.reference import ReferenceWorker
 
 CASES = {(2, 2): (1, 2), (2, 1): (1, 2), (1, 2): (1,), (4, 1): (2,)}
+# a mixture-of-experts model with expert parallelism: (tp, pp, ep) -> generation TPs (experts TP-sharded)
+MOE_CASES = {(1, 1, 2): (1,), (2, 1, 2): (1, 2), (1, 2, 2): (1,), (1, 1, 4): (1,)}
 
 
 def engine_region(name: str, full: torch.Tensor, g: int, t_g: int, padded_vocab: int) -> torch.Tensor:
     """The part of HF tensor `name` that generation TP rank g of t_g loads (vLLM's sharding)."""
-    if "norm" in name:
-        return full  # replicated
+    if "norm" in name or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+        return full  # replicated (norms, an MoE router, a shared expert's gate)
     if "embed_tokens" in name or "lm_head" in name:
         rows = padded_vocab // t_g
         return full[g * rows : min((g + 1) * rows, full.shape[0])]
@@ -32,10 +34,11 @@ def engine_region(name: str, full: torch.Tensor, g: int, t_g: int, padded_vocab:
     return full.chunk(t_g, dim=0)[g]  # q/k/v (weights, biases), gate, up
 
 
-def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...]) -> dict:
+def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...], ep: int = 1) -> dict:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = hf_dir, "fp32"
-    cfg.actor.parallel.tp, cfg.actor.parallel.pp = tp, pp
+    cfg.actor.parallel.tp, cfg.actor.parallel.pp, cfg.actor.parallel.ep = tp, pp, ep
+    cfg.actor.parallel.sequence_parallel = ep > 1 and tp > 1  # megatron's rule for experts under TP
     worker = ReferenceWorker(role_spec(cfg, "ref"))  # the weights, no optimizer
     reader = HFCheckpointReader(hf_dir)
     padded_vocab = _padded_vocab(worker)
@@ -57,7 +60,7 @@ def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...]) -> dict:
             totals = torch.tensor([stats.received_bytes, stats.floor_bytes], dtype=torch.float64)
             per_rank = [torch.zeros_like(totals) for _ in range(dist.get_world_size())]
             dist.all_gather(per_rank, totals)
-            out[f"t{tp}p{pp}->tg{t_g}{'-naive' if naive else ''}"] = {
+            out[f"t{tp}p{pp}{f'e{ep}' if ep > 1 else ''}->tg{t_g}{'-naive' if naive else ''}"] = {
                 "max_abs_diff": _world_max(worst),
                 "missing": missing,
                 "received": [int(r[0]) for r in per_rank],
@@ -87,8 +90,10 @@ def _world_max(value: float) -> float:
 
 
 def main(argv: list[str]) -> dict:
-    hf_dir = argv[0]
+    hf_dir, moe_dir = argv
     results = {}
     for (tp, pp), gen_tps in CASES.items():
         results.update(check(hf_dir, tp, pp, gen_tps))
+    for (tp, pp, ep), gen_tps in MOE_CASES.items():
+        results.update(check(moe_dir, tp, pp, gen_tps, ep))
     return results

@@ -14,11 +14,20 @@ pytestmark = pytest.mark.multiproc
 CASES = ["t2p2->tg1", "t2p2->tg2", "t2p1->tg1", "t2p1->tg2", "t1p2->tg1", "t4p1->tg2"]
 
 
-SHARED_PART = (
-    "reshard",
-    "tests.multiproc.reshard_checks",
-    lambda request: [request.getfixturevalue("tiny_models")["qwen2"]],
-)
+MOE_CASES = ["t1p1e2->tg1", "t2p1e2->tg1", "t2p1e2->tg2", "t1p2e2->tg1", "t1p1e4->tg1"]
+
+
+def _argv(request) -> list:
+    from megarl.models.tiny import build_tiny_hf
+    from tests.conftest import PARITY_INIT
+
+    moe = build_tiny_hf(
+        request.getfixturevalue("tmp_path_factory").mktemp("moe") / "m", "qwen3_moe", **PARITY_INIT
+    )
+    return [request.getfixturevalue("tiny_models")["qwen2"], moe]
+
+
+SHARED_PART = ("reshard", "tests.multiproc.reshard_checks", _argv)
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +35,13 @@ def reshard(shared_launch):
     return shared_result(shared_launch, "reshard")
 
 
-@pytest.mark.parametrize("case", CASES + [c + "-naive" for c in CASES])
+@pytest.mark.parametrize("case", CASES + MOE_CASES + [c + "-naive" for c in CASES + MOE_CASES])
 def test_every_engine_shard_equals_the_checkpoint_region(reshard, case):
     assert reshard[case]["max_abs_diff"] == 0.0
     assert reshard[case]["missing"] == []
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + MOE_CASES)
 def test_zero_redundancy_path_receives_exactly_the_floor(reshard, case):
     assert reshard[case]["received"] == reshard[case]["floor"]
 
@@ -44,5 +53,7 @@ def test_naive_path_receives_more_when_generation_shards_are_smaller(reshard, ca
 
 
 def test_buckets_stay_bounded(reshard):
-    # 256 KiB buckets; one parameter (the 1001 x 128 fp32 embedding, 512 KB) may exceed it alone
-    assert all(r["largest_bucket_bytes"] <= 1001 * 128 * 4 for r in reshard.values())
+    # 256 KiB buckets close between modules once full: under 256 KiB plus one module (the largest, the
+    # 1001 x 128 fp32 embedding or output layer, 512 KB)
+    sizes = {case: r["largest_bucket_bytes"] for case, r in reshard.items()}
+    assert all(size < (256 << 10) + 1001 * 128 * 4 for size in sizes.values()), sizes
