@@ -39,3 +39,8 @@ def check_router_replay(cfg: MegarlConfig, dims: ModelDims | None, problems: lis
             f"{key} records the routes in the old-log-prob forward, which "
             "algorithm.rollout_correction.bypass_mode=true skips: use R3 or bypass_mode=false"
         )
+    if mode == "R3" and cfg.rollout.placement != "colocated":
+        problems.append(
+            f"{key}: the routes come from the actor's colocated engine; a separate rollout pool "
+            "(rollout.placement=separate) does not return them yet: use rollout.placement=colocated or R2"
+        )

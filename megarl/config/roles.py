@@ -95,6 +95,9 @@ class RoleSpec:
     # the trained role's adapters (<role>.lora with rank > 0); None = full training, and always for the
     # frozen roles (with actor LoRA the reference is the actor with its adapters off)
     lora: LoraConfig | None = None
+    # MoE routing replay (actor.router_replay.mode; the reference follows the actor): "disabled" routes
+    # every forward live; otherwise the role's forwards replay the batch's routed_experts
+    router_replay: str = "disabled"
 
     @property
     def trainable(self) -> bool:
@@ -155,6 +158,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         seed=cfg.trainer.seed,
         backend=cfg.backend_of(role) if role != "reward" else "megatron",
         fsdp=copy.deepcopy(section.fsdp) if role != "reward" else FSDPConfig(),
+        router_replay=cfg.actor.router_replay.mode if role in ("actor", "ref") else "disabled",
     )
     if not trained:
         return spec

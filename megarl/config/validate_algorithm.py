@@ -40,6 +40,10 @@ def fused_old_log_prob_blockers(cfg: MegarlConfig) -> list[str]:
             f"async_training.max_staleness={cfg.async_training.max_staleness} (the samples come from older "
             "weights: the proximal policy is recomputed)"
         )
+    if cfg.actor.router_replay.mode == "R2":
+        why.append(
+            "actor.router_replay.mode=R2 (the old-log-prob forward records the routes the update replays)"
+        )
     traits = ESTIMATOR_TRAITS.get(a.adv_estimator)
     if traits is not None and traits.needs_sum_pi_squared:
         why.append(f"algorithm.adv_estimator={a.adv_estimator} (reads the old log-probs' Σπ²)")

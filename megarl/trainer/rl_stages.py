@@ -34,6 +34,7 @@ from megarl.algorithms.pf_ppo import pf_ppo_resample
 from megarl.algorithms.rollout_correction import compute_rollout_correction
 from megarl.config.schema import MegarlConfig
 from megarl.data.batching import dp_balance_order, imbalance
+from megarl.models.moe_replay import disagreement
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import ROLLOUT_COLUMNS
 from megarl.trainer.dataflow import Dataflow, Stage, StepContext
@@ -50,6 +51,7 @@ from megarl.trainer.scoring import (
     token_rewards_stage,
 )
 from megarl.workers.groups import ActorGroup, CriticGroup, RefGroup
+from megarl.workers.routes import LIVE_ROUTES
 
 if TYPE_CHECKING:
     from megarl.rewards import RewardComputer
@@ -78,9 +80,12 @@ def role_metrics(role: str, metrics: dict[str, float] | list[dict[str, float]]) 
     return out
 
 
-def generate_stage(actor: ActorGroup, log_probs: bool = False, multi_turn: bool = False) -> Stage:
-    """The rollouts, with the engine's log-probs when `log_probs` (rollout.calculate_log_probs) and the
-    turns' scores (`turn_rewards`) when `multi_turn` (rollout.multi_turn.enable)."""
+def generate_stage(
+    actor: ActorGroup, log_probs: bool = False, multi_turn: bool = False, routes: bool = False
+) -> Stage:
+    """The rollouts, with the engine's log-probs when `log_probs` (rollout.calculate_log_probs), the
+    turns' scores (`turn_rewards`) when `multi_turn` (rollout.multi_turn.enable) and each token's routed
+    experts when `routes` (an MoE actor with router_replay R3)."""
 
     def generate(ctx: StepContext, prompts: Batch) -> Batch:
         out = actor.generate(prompts, validate=ctx.validate)
@@ -102,6 +107,7 @@ def generate_stage(actor: ActorGroup, log_probs: bool = False, multi_turn: bool 
 
     writes = ROLLOUT_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if log_probs else ())
     writes += (Col.TURN_REWARDS, *AGENT_TENSOR_COLUMNS) if multi_turn else ()
+    writes += (Col.ROUTED_EXPERTS,) if routes else ()
     # each prompt's columns carried to its samples (the mask extended over the response): what was
     # derived from the prompts (ReMax's baseline) holds for the samples
     refines = (Col.PROMPTS, Col.ATTENTION_MASK, Col.UID)
@@ -147,13 +153,27 @@ def balance_stage(dp_size: int) -> Stage:
 
 
 def old_log_prob_stage(
-    actor: ActorGroup, with_sum_pi_squared: bool = False, with_rollout: bool = False
+    actor: ActorGroup,
+    with_sum_pi_squared: bool = False,
+    with_rollout: bool = False,
+    router_replay: str = "disabled",
 ) -> Stage:
     """The policy's own log-probs before the update (plus Σπ² per token for the optimal token baseline)
-    and, `with_rollout` (the batch has the engine's log-probs), how far the engine's are from them."""
+    and, `with_rollout` (the batch has the engine's log-probs), how far the engine's are from them.
+    MoE `router_replay`: R3 replays the engine's routes and logs how often the trainer's routers would
+    have chosen otherwise; R2 records the routes the update replays."""
 
     def log_prob(ctx: StepContext, batch: Batch) -> Batch:
-        out = actor.log_prob(batch.select(SEQUENCE_COLUMNS))
+        out = actor.log_prob(batch.select(SEQUENCE_COLUMNS + replay_reads))
+        if router_replay == "R3":
+            live = out.tensors.pop(LIVE_ROUTES)
+            mask = batch[Col.ATTENTION_MASK].bool()
+            shares = disagreement(live[mask], batch[Col.ROUTED_EXPERTS][mask])
+            ctx.metrics["router_replay/disagreement_token_share"] = shares["token_share"]
+            ctx.metrics["router_replay/disagreement_layer_token_share"] = shares["layer_token_share"]
+        if router_replay != "disabled":
+            routes = batch[Col.ROUTED_EXPERTS] if router_replay == "R3" else out[Col.ROUTED_EXPERTS]
+            ctx.metrics["router_replay/route_bytes"] = routes.numel() * routes.element_size()
         if with_rollout:
             mask = batch[Col.RESPONSE_MASK] > 0
             behaviour_minus_policy = (batch[Col.ROLLOUT_LOG_PROBS] - out[Col.OLD_LOG_PROBS])[mask]
@@ -166,11 +186,13 @@ def old_log_prob_stage(
         ctx.metrics["actor/entropy"] = masked_mean(out[Col.ENTROPY], batch[Col.RESPONSE_MASK]).item()
         return out
 
+    replay_reads = (Col.ROUTED_EXPERTS,) if router_replay == "R3" else ()
+    writes = (Col.OLD_LOG_PROBS, Col.ENTROPY) + ((Col.SUM_PI_SQUARED,) if with_sum_pi_squared else ())
     return Stage(
         "old_log_prob",
         log_prob,
-        reads=SEQUENCE_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if with_rollout else ()),
-        writes=(Col.OLD_LOG_PROBS, Col.ENTROPY) + ((Col.SUM_PI_SQUARED,) if with_sum_pi_squared else ()),
+        reads=SEQUENCE_COLUMNS + ((Col.ROLLOUT_LOG_PROBS,) if with_rollout else ()) + replay_reads,
+        writes=writes + ((Col.ROUTED_EXPERTS,) if router_replay == "R2" else ()),
     )
 
 
@@ -221,11 +243,14 @@ def rollout_correction_stage(cfg: MegarlConfig) -> Stage:
     )
 
 
-def ref_log_prob_stage(ref: RefGroup) -> Stage:
-    def log_prob(ctx: StepContext, batch: Batch) -> Batch:
-        return ref.ref_log_prob(batch.select(SEQUENCE_COLUMNS))
+def ref_log_prob_stage(ref: RefGroup, replay: bool = False) -> Stage:
+    """The reference's log-probs; `replay` (MoE router replay): through the batch's routed experts."""
+    reads = SEQUENCE_COLUMNS + ((Col.ROUTED_EXPERTS,) if replay else ())
 
-    return Stage("ref_log_prob", log_prob, reads=SEQUENCE_COLUMNS, writes=(Col.REF_LOG_PROBS,))
+    def log_prob(ctx: StepContext, batch: Batch) -> Batch:
+        return ref.ref_log_prob(batch.select(reads))
+
+    return Stage("ref_log_prob", log_prob, reads=reads, writes=(Col.REF_LOG_PROBS,))
 
 
 def values_stage(critic: CriticGroup) -> Stage:
@@ -315,6 +340,7 @@ def update_actor_stage(
     with_is_weights: bool = False,
     fused_old_log_prob: bool = False,
     with_rollout: bool = False,
+    replay: bool = False,
 ) -> Stage:
     """The policy update. With `fused_old_log_prob` (algorithm.old_log_prob=fused) the update's forward
     gives the old log-probs and the metrics the old_log_prob stage would have logged: it reads the
@@ -323,6 +349,7 @@ def update_actor_stage(
     old = old if fused_old_log_prob else (Col.OLD_LOG_PROBS,)
     columns = (*old, Col.ADVANTAGES) + ((Col.REF_LOG_PROBS,) if use_kl_loss else ())
     columns += (Col.ROLLOUT_IS_WEIGHTS,) if with_is_weights else ()
+    columns += (Col.ROUTED_EXPERTS,) if replay else ()  # MoE router replay
 
     def update(ctx: StepContext, batch: Batch) -> None:
         metrics = actor.update(batch.select([*SEQUENCE_COLUMNS, *columns]))
@@ -355,10 +382,11 @@ def build_rl_dataflow(
         stages.append(remax_baseline_stage(roles.actor, lambda: scoring_stages(flow)))
     with_rollout = bool(cfg.rollout.calculate_log_probs)  # the batch has the engine's log-probs
     multi_turn = cfg.rollout.multi_turn.enable  # the rollout writes each turn's score (turn_rewards)
+    replay = cfg.actor.router_replay.mode  # MoE: R3's routes come from the engine, R2's from old_log_prob
     if pool is not None:
         generate = pool_generate_stage(pool, with_rollout, multi_turn)
     else:
-        generate = generate_stage(roles.actor, with_rollout, multi_turn)
+        generate = generate_stage(roles.actor, with_rollout, multi_turn, replay == "R3")
     stages.append(generate)
     if roles.reward_model is not None:
         stages.append(reward_model_stage(roles.reward_model))
@@ -379,11 +407,11 @@ def build_rl_dataflow(
     elif not fused:
         assert algo.adv_estimator is not None  # the config is resolved
         needs_pi2 = ESTIMATOR_TRAITS[algo.adv_estimator].needs_sum_pi_squared
-        stages.append(old_log_prob_stage(roles.actor, needs_pi2, with_rollout))
+        stages.append(old_log_prob_stage(roles.actor, needs_pi2, with_rollout, replay))
     if rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold is not None:
         stages.append(rollout_correction_stage(cfg))
     if roles.ref is not None:
-        stages.append(ref_log_prob_stage(roles.ref))
+        stages.append(ref_log_prob_stage(roles.ref, replay != "disabled"))
     if roles.critic is not None:
         stages.append(values_stage(roles.critic))
     advantages, kl_ctrl = advantages_stage(cfg)
@@ -393,7 +421,14 @@ def build_rl_dataflow(
     if roles.critic is not None:
         stages.append(update_critic_stage(roles.critic))
     stages.append(
-        update_actor_stage(roles.actor, algo.use_kl_loss, rc.rollout_is is not None, fused, with_rollout)
+        update_actor_stage(
+            roles.actor,
+            algo.use_kl_loss,
+            rc.rollout_is is not None,
+            fused,
+            with_rollout,
+            replay != "disabled",
+        )
     )
     for stage in stages:
         flow.add_stage(stage)

@@ -37,6 +37,7 @@ from megarl.workers.actor_loss import policy_objective
 from megarl.workers.log_probs import response_log_probs, token_log_probs
 from megarl.workers.megatron_worker import MegatronWorker
 from megarl.workers.model_worker import ModelWorker
+from megarl.workers.routes import LIVE_ROUTES
 from megarl.workers.sequences import sequences_from_batch
 from megarl.workers.train_loop import GlobalCounts, train_minibatches
 
@@ -66,7 +67,11 @@ class ActorRole(ModelWorker):
         assert self.algorithm.adv_estimator is not None  # a role spec is built from the resolved config
         needs_pi2 = ESTIMATOR_TRAITS[self.algorithm.adv_estimator].needs_sum_pi_squared
         stats = (Col.ENTROPY, Col.SUM_PI_SQUARED) if needs_pi2 else (Col.ENTROPY,)
-        return response_log_probs(self, batch, Col.OLD_LOG_PROBS, stats)
+        # MoE routing replay: R2 records the routes the update replays; R3 replays the engine's and
+        # records what the routers would have chosen (the trainer's disagreement with the engine)
+        replay = self.spec.router_replay
+        routes_to = {"R2": Col.ROUTED_EXPERTS, "R3": LIVE_ROUTES}.get(replay)
+        return response_log_probs(self, batch, Col.OLD_LOG_PROBS, stats, routes_to)
 
     @register(Dispatch.GEN_DP_COMPUTE)
     def generate(self, prompts: Batch, validate: bool = False) -> Batch:

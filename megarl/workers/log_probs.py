@@ -14,7 +14,7 @@ from megarl.models.forward import (
     vocab_parallel_log_probs,
     vocab_parallel_sum_pi_squared,
 )
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 from megarl.workers.model_worker import ModelWorker
 from megarl.workers.sequences import sequences_from_batch
 
@@ -34,9 +34,16 @@ def token_log_probs(
 TOKEN_STATS = {"entropy": vocab_parallel_entropy, "sum_pi_squared": vocab_parallel_sum_pi_squared}
 
 
-def response_log_probs(worker: ModelWorker, batch: Batch, column: str, stats: tuple[str, ...] = ()) -> Batch:
+def response_log_probs(
+    worker: ModelWorker,
+    batch: Batch,
+    column: str,
+    stats: tuple[str, ...] = (),
+    routes_to: str | None = None,
+) -> Batch:
     """Batch(`column` [n, R]) of the worker's policy, plus each of `stats` (names in TOKEN_STATS) [n, R],
-    0 on padding."""
+    0 on padding; with `routes_to` (an MoE role that replays routes) also the routers' live choices as
+    that column [n, P+R, L, k] (megarl.workers.routes)."""
     seqs = sequences_from_batch(batch)
     width, vocab = seqs.response_width, worker.arch.vocab_size
 
@@ -48,4 +55,10 @@ def response_log_probs(worker: ModelWorker, batch: Batch, column: str, stats: tu
         return out
 
     shapes = {name: (width,) for name in (column, *stats)}
-    return Batch(tensors=worker.forward_rows(seqs, compute, shapes))
+    routes: list[torch.Tensor] | None = [] if routes_to else None
+    out = worker.forward_rows(seqs, compute, shapes, routes_out=routes)
+    if routes_to:
+        from megarl.workers.routes import routes_column
+
+        out[routes_to] = routes_column(routes, batch[Col.ATTENTION_MASK])
+    return Batch(tensors=out)

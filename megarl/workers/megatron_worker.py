@@ -35,6 +35,10 @@ class MegatronWorker(ModelWorker):
         self.arch = self._architecture()
         self.chunks = self._load_chunks(recompute=spec.trainable and spec.recompute)
         self.packed_thd = attends_packed_thd(self.chunks)
+        if spec.router_replay != "disabled" and self.arch.num_experts:
+            from megarl.models.moe_replay import ModelRoutes
+
+            self.model_routes = ModelRoutes(self.chunks)
         self.optimizer = None
         if spec.optimizer is not None:  # a trained role
             from megarl.models.ddp import wrap_ddp
@@ -95,7 +99,9 @@ class MegatronWorker(ModelWorker):
     def run_microbatches(
         self, microbatches: list[dict[str, torch.Tensor]], loss_fn: LossFn, forward_only: bool, at: str | None
     ) -> list[dict[str, Any]]:
-        return run_microbatches(self.chunks, microbatches, loss_fn, forward_only=forward_only, at=at)
+        return run_microbatches(
+            self.chunks, microbatches, loss_fn, forward_only=forward_only, at=at, routes=self.model_routes
+        )
 
     def generation_source(self, rollout):
         """(the generation TP groups, the weight source streaming this rank's engine shard) of the

@@ -11,6 +11,7 @@ over mini-batches is `megarl.workers.train_loop`, the roles' own logic `megarl.w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -39,6 +40,9 @@ class ModelWorker(Worker):
     optimizer: Any
     packed_thd: bool = False
     arch: Any
+
+    # MoE routing replay (megarl.workers.routes): a ModelRoutes over the chunks when the role replays
+    model_routes: Any = None
 
     def __init__(self, spec: RoleSpec, layout_kwargs: dict | None = None) -> None:
         """`layout_kwargs`: the megatron parallel layout the backend class runs at (the role classes pass
@@ -189,16 +193,23 @@ class ModelWorker(Worker):
         compute: Callable[[dict, torch.Tensor], dict[str, torch.Tensor]],
         shapes: Mapping[str, tuple[int, ...]],
         at: str = "index",
+        routes_out: list[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Run every sequence forward; `compute(mb, output)`, with the model's output at the positions
         mb[at] (the response tokens, or "last_index": each sequence's last token), returns per-sequence
         results ([k, ...] per name); returns {name: [n, *shape]} on every rank of the replica
-        (broadcast over PP)."""
+        (broadcast over PP). With `routes_out` (an MoE model whose role replays routes) it receives each
+        row's live routes [tokens, L, k] (megarl.workers.routes)."""
         from megatron.core import parallel_state as ps
+
+        from megarl.workers.routes import gathered_rows, recording
 
         self.check_loaded()
         n = len(seqs)
         mbs = self.microbatches(seqs, list(range(n)))
+        record = routes_out is not None
+        if record and self.model_routes is None:
+            raise ValueError(f"{self.role}: recording routes needs an MoE model with router replay on")
 
         def loss_fn(mb, output):
             with torch.no_grad():
@@ -207,8 +218,10 @@ class ModelWorker(Worker):
                 name: (mb["rows"].cpu(), v.detach().cpu()) for name, v in values.items()
             }
 
-        with torch.no_grad():
+        with torch.no_grad(), recording(self.model_routes) if record else contextlib.nullcontext():
             outs = self.run_microbatches(mbs, loss_fn, forward_only=True, at=at)
+        if record:
+            routes_out.extend(gathered_rows(mbs, seqs.lengths, self.layout.sequence_parallel))
         results = {}
         for name, shape in shapes.items():
             if ps.is_pipeline_last_stage():
