@@ -43,15 +43,14 @@ def gathered_rows(
 
     rows: dict[int, torch.Tensor] = {}
     for mb in microbatches:
-        routes = mb.pop("recorded_routes")
+        routes = mb.pop("recorded_routes").to(torch.int32)  # gloo has no int16 collectives
         if sequence_parallel and ps.get_tensor_model_parallel_world_size() > 1:
             pieces = [torch.empty_like(routes) for _ in range(ps.get_tensor_model_parallel_world_size())]
-            dist.all_gather(pieces, routes.contiguous(), group=ps.get_tensor_model_parallel_group())
+            dist.all_gather(pieces, routes, group=ps.get_tensor_model_parallel_group())
             routes = torch.cat(pieces)
         if ps.get_pipeline_model_parallel_world_size() > 1:  # each stage knows its own layers (-1 elsewhere)
-            routes = routes.to(torch.int32)
             dist.all_reduce(routes, op=dist.ReduceOp.MAX, group=ps.get_pipeline_model_parallel_group())
-            routes = routes.to(ROUTE_DTYPE)
+        routes = routes.to(ROUTE_DTYPE)
         rows.update(rows_of_microbatch(routes.cpu(), {k: v.cpu() for k, v in mb.items()}, lengths))
     return [rows[r] for r in range(len(lengths))]
 
