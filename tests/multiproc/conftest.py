@@ -29,6 +29,7 @@ ORDER = ("spmd", "reshard", "fsdp_sync", "policy", "parity", "checkpoint", "vllm
 ORDER_2 = (
     "cpu_shims",
     "train_state",
+    "moe_packing",
     "reward_hf_dp",
     "fsdp",
     "checkpoint_load",
