@@ -25,3 +25,9 @@ def test_a_packed_micro_batch_routes_each_sequence_as_alone(shared_launch_2):
     result = shared_result(shared_launch_2, "moe_packing")
     assert result["logits_abs_max"] > 1.0
     assert result["max_abs_logit_diff"] <= 5e-5, result
+
+
+def test_the_router_modules_have_the_exposed_names(shared_launch_2):
+    """megarl.models.from_hf.ROUTER_MODULE: where router replay finds each MoE layer's router."""
+    result = shared_result(shared_launch_2, "moe_packing")
+    assert result["routers"] == result["router_names"] == [f"decoder.layers.{i}.mlp.router" for i in (0, 1)]
