@@ -32,7 +32,14 @@ def hf_to_mcore(args: argparse.Namespace) -> dict:
     from megatron.core import parallel_state as ps
 
     arch = ModelArchitecture.from_pretrained(args.hf)
-    layout = ParallelLayout(world_size=dist.get_world_size(), tp=args.tp, pp=args.pp, vpp=args.vpp)
+    layout = ParallelLayout(
+        world_size=dist.get_world_size(),
+        tp=args.tp,
+        pp=args.pp,
+        vpp=args.vpp,
+        ep=args.ep,
+        sequence_parallel=args.ep > 1 and args.tp > 1,  # megatron's MoE rule; the weights are the same
+    )
     layout.initialize()
     dtype = args.dtype or hf_dtype(arch)
     chunks = build_model_chunks(arch, layout, dtype, args.make_vocab_size_divisible_by)
@@ -78,6 +85,7 @@ def main(argv: list[str]) -> dict:
     to_mcore.add_argument("--tp", type=int, default=1)
     to_mcore.add_argument("--pp", type=int, default=1)
     to_mcore.add_argument("--vpp", type=int, default=None)
+    to_mcore.add_argument("--ep", type=int, default=1)
     to_mcore.add_argument("--dtype", choices=DTYPE_NAMES, default=None)
     to_mcore.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     to_mcore.add_argument("--overwrite", action="store_true")

@@ -135,6 +135,19 @@ def layer_buckets(reader: DistCheckpointReader, arch: ModelArchitecture) -> list
     return [b for b in [first, *layers, last] if b]
 
 
+_EXPERT_STACK = ".mlp.experts.experts."  # SequentialMLP's key: one tensor [num_experts, ...] per layer
+
+
+def _per_expert(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """A layer's stored expert stack as each routed expert's parameter (`local_experts.{e}`, global e);
+    any other tensor as it is."""
+    if _EXPERT_STACK not in name:
+        yield name, tensor
+        return
+    for e, expert in enumerate(tensor):
+        yield name.replace(_EXPERT_STACK, f".mlp.experts.local_experts.{e}.", 1), expert
+
+
 def checkpoint_megatron_tensors(
     reader: DistCheckpointReader, arch: ModelArchitecture, meta: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -144,11 +157,11 @@ def checkpoint_megatron_tensors(
         if meta:
             for b in bucket:
                 t = torch.empty(b.shape, dtype=b.dtype, device="meta")
-                yield b.name, t.squeeze(0) if b.stacked else t
+                yield from _per_expert(b.name, t.squeeze(0) if b.stacked else t)
             continue
         tensors = reader.read(bucket)
         for b in bucket:
-            yield b.name, tensors.pop(b.name)
+            yield from _per_expert(b.name, tensors.pop(b.name))
 
 
 def truncated_files(model_dir: str | Path) -> list[str]:

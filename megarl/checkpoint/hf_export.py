@@ -50,7 +50,12 @@ from megarl.checkpoint.safe_load import no_code_unpickling
 from megarl.errors import MegarlError
 from megarl.models.convert import llama
 from megarl.models.convert.hf_io import copy_hf_metadata, write_classifier_config
-from megarl.models.convert.loader import full_megatron_tensors, global_named_parameters, to_hf_tensors
+from megarl.models.convert.loader import (
+    expert_peer_names,
+    full_megatron_tensors,
+    global_named_parameters,
+    to_hf_tensors,
+)
 from megarl.models.convert.safetensors_shards import (
     DEFAULT_MAX_SHARD_SIZE,
     ShardWriter,
@@ -67,15 +72,22 @@ from megarl.output_guard import OutputWriteError, check_apart, check_replaceable
 def _stage_meta_tensors(
     chunks: list[torch.nn.Module], arch: ModelArchitecture, tp: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """What full_megatron_tensors yields on this rank, as meta tensors (no communication)."""
+    """What full_megatron_tensors yields on this rank, as meta tensors (no communication): routed
+    experts gathered over expert-TP and, for every EP rank's experts, EP."""
+    from megatron.core import parallel_state as ps
+
+    etp, ep = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_model_parallel_world_size()
     for chunk in chunks:
         for name, param in global_named_parameters(chunk):
             if getattr(param, "shared", False):
                 continue
             entry, _ = llama.param_map(name, arch)
             local = torch.empty(param.shape, dtype=param.dtype, device="meta")
-            shards = [local] * (tp if tp > 1 and entry.kind.tp_sharded else 1)
-            yield name, unshard(entry.kind, shards, vocab_size=arch.vocab_size)
+            size = etp if entry.expert else tp
+            shards = [local] * (size if size > 1 and entry.kind.tp_sharded else 1)
+            full = unshard(entry.kind, shards, vocab_size=arch.vocab_size)
+            for peer in expert_peer_names(name, arch, ep) if entry.expert and ep > 1 else [name]:
+                yield peer, full
 
 
 def export_hf(

@@ -27,6 +27,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     to_mcore.add_argument("--tp", type=int, default=1)
     to_mcore.add_argument("--pp", type=int, default=1)
     to_mcore.add_argument("--vpp", type=int, default=None)
+    to_mcore.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE models)")
     to_mcore.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="default: the HF dtype")
     to_mcore.add_argument("--overwrite", action="store_true")
     to_mcore.set_defaults(func=convert_checkpoint)
@@ -73,7 +74,8 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
     if args.direction == "mcore-to-hf":
         return _mcore_to_hf(args)
     _check_out(Path(args.out), {"--hf": args.hf}, args.overwrite)
-    check_launch(args.hf, args.tp, args.pp, args.vpp, args.tp * args.pp)
+    nproc = args.tp * args.pp * args.ep
+    check_launch(args.hf, args.tp, args.pp, args.vpp, nproc, args.ep > 1 and args.tp > 1, args.ep)
     worker_args = [
         "hf-to-mcore",
         "--hf",
@@ -84,11 +86,13 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
         str(args.tp),
         "--pp",
         str(args.pp),
+        "--ep",
+        str(args.ep),
     ]
     worker_args += ["--vpp", str(args.vpp)] if args.vpp else []
     worker_args += ["--dtype", args.dtype] if args.dtype else []
     worker_args += ["--overwrite"] if args.overwrite else []
-    outcome = launch("megarl.checkpoint.convert_program", worker_args, args.tp * args.pp)
+    outcome = launch("megarl.checkpoint.convert_program", worker_args, nproc)
     for result in outcome["results"]:
         print(json.dumps(result))
     return outcome["returncode"]

@@ -75,7 +75,7 @@ RoleBackend = Literal["megatron", "fsdp"]  # what trains/runs a policy or value 
 RewardKind = Literal["classifier", "embedding_similarity"]
 Launcher = Literal["ray", "torchrun"]
 # the model_type values (a checkpoint's config.json) whose Megatron model megarl builds: megarl.models.from_hf.FAMILIES
-ModelType = Literal["llama", "mistral", "qwen2", "qwen3"]
+ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"]
 LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 LoraSync = Literal["auto", "adapter", "merged"]  # <role>.lora.sync: how the engine gets the adapted policy
 LoraInit = Literal["kaiming", "xavier"]  # <role>.lora.init_A: lora_A's initialisation

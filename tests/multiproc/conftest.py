@@ -25,10 +25,22 @@ import torch
 # fsdp_checkpoint reads what its 2-rank part saved. vLLM engines last (an engine start leaves the process's
 # thread count to vLLM until it closes): vllm_single first among them, it checks the engine leaves the
 # global RNG and thread settings alone in a process where no engine ran before.
-ORDER = ("spmd", "reshard", "fsdp_sync", "policy", "moe_replay", "parity", "checkpoint", "vllm_tp", "hybrid")
+ORDER = (
+    "spmd",
+    "reshard",
+    "fsdp_sync",
+    "policy",
+    "moe_replay",
+    "parity",
+    "moe_train",
+    "checkpoint",
+    "vllm_tp",
+    "hybrid",
+)
 ORDER_2 = (
     "cpu_shims",
     "train_state",
+    "moe_packing",
     "reward_hf_dp",
     "fsdp",
     "checkpoint_load",

@@ -15,10 +15,15 @@ from megarl.models.convert.hf_io import HFCheckpointReader
 
 pytestmark = pytest.mark.multiproc
 
-# TP splitting of both families, PP splitting (family-agnostic) once, the scalar head under TP; each
-# case costs one torchrun launch (~30 s) plus an in-process export (~7 s), so no more than that.
+# TP splitting of both families, PP splitting (family-agnostic) once, the scalar head under TP, routed
+# experts split over EP and expert-TP (TP2 x EP2, 4 ranks); each case costs one torchrun launch (~30 s)
+# plus an in-process export (~7 s), so no more than that.
 # The qwen2 case is exported from a run's checkpoint tree, through `latest`, into >= 3 shards.
-CASES = {"qwen2-tp2pp2-run": ("qwen2", 2, 2, "lm"), "llama-tp2-scalar": ("llama", 2, 1, "scalar")}
+CASES = {
+    "qwen2-tp2pp2-run": ("qwen2", 2, 2, 1, "lm"),
+    "llama-tp2-scalar": ("llama", 2, 1, 1, "scalar"),
+    "qwen2_moe-tp2ep2": ("qwen2_moe", 2, 1, 2, "lm"),
+}
 SHARD = "1MB"  # the tiny Qwen2 is 2.9 MB in fp32
 
 
@@ -50,12 +55,19 @@ def converted(tiny_models, tiny_reward_models, tmp_path_factory):
     def convert(case: str) -> tuple[Path, Path]:
         if case in done:
             return done[case]
-        family, tp, pp, head = CASES[case]
-        source = (tiny_models if head == "lm" else tiny_reward_models)[family]
+        family, tp, pp, ep, head = CASES[case]
         tmp = tmp_path_factory.mktemp(case)
+        if family.endswith("_moe"):
+            from megarl.models.tiny import build_tiny_hf
+
+            source = build_tiny_hf(tmp / "source", family=family, num_hidden_layers=2)
+        else:
+            source = (tiny_models if head == "lm" else tiny_reward_models)[family]
         run_layout = case.endswith("-run")
         ckpt = tmp / "run/checkpoints/step_3/actor" if run_layout else tmp / "mcore"
-        to_mcore = megarl("convert", "hf-to-mcore", "--hf", source, "--out", ckpt, "--tp", tp, "--pp", pp)
+        to_mcore = megarl(
+            "convert", "hf-to-mcore", "--hf", source, "--out", ckpt, "--tp", tp, "--pp", pp, "--ep", ep
+        )
         assert to_mcore.returncode == 0, to_mcore.stderr[-3000:]
         assert not Path(f"{ckpt}.partial").exists()
         back = tmp / "hf"

@@ -103,13 +103,17 @@ def full_megatron_tensors(
             if not entry.expert or ep == 1:
                 yield name, full
                 continue
-            # this expert's peers: local expert l of every EP rank, global experts r·(E/ep) + l
             peers = [torch.empty_like(full) for _ in range(ep)]
             dist.all_gather(peers, full, group=ps.get_expert_model_parallel_group())
-            template, expert = llama.split_expert_name(name)
-            per_rank = arch.num_experts // ep
-            for r, tensor in enumerate(peers):
-                yield template.format(e=per_rank * r + expert % per_rank), tensor
+            yield from zip(expert_peer_names(name, arch, ep), peers)
+
+
+def expert_peer_names(name: str, arch: ModelArchitecture, ep: int) -> list[str]:
+    """A routed expert parameter's name on every EP rank, in EP rank order: the same local expert l of
+    each rank, global experts r·(num_experts/ep) + l."""
+    template, expert = llama.split_expert_name(name)
+    per_rank = arch.num_experts // ep
+    return [template.format(e=per_rank * r + expert % per_rank) for r in range(ep)]
 
 
 def to_hf_tensors(

@@ -1,0 +1,63 @@
+"""Rank code for test_moe_train (4 ranks): three AdamW steps of a tiny Qwen2-MoE on one batch at EP1, EP2
+(without and with the distributed optimizer) and TP2 x EP2 (+SP): megatron's DDP and optimizer over the
+expert-data-parallel groups, the all-to-all dispatcher over gloo. argv: the HF checkpoint dir. Returns
+{layout: {"losses": [...], "grad_norms": [...]}}."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megarl.config.schema import OptimizerConfig
+from megarl.distributed.layout import ParallelLayout
+from megarl.models.build import build_model_chunks
+from megarl.models.convert.hf_io import HFCheckpointReader
+from megarl.models.convert.loader import load_hf_into_chunks
+from megarl.models.ddp import wrap_ddp
+from megarl.models.forward import run_microbatches, vocab_parallel_log_probs
+from megarl.models.from_hf import ModelArchitecture
+
+LAYOUTS = {
+    "ep1": (1, 1, False),
+    "ep2": (1, 2, False),
+    "ep2-distopt": (1, 2, True),
+    "tp2ep2sp-distopt": (2, 2, True),
+}
+
+
+def _train(arch, hf: str, tokens: torch.Tensor, tp: int, ep: int, distributed: bool) -> dict:
+    from megatron.core import parallel_state as ps
+
+    from megarl.models.optimizer import build_optimizer
+
+    layout = ParallelLayout(world_size=dist.get_world_size(), tp=tp, ep=ep, sequence_parallel=tp > 1)
+    layout.initialize()
+    chunks = build_model_chunks(arch, layout)
+    load_hf_into_chunks(chunks, arch, HFCheckpointReader(hf), ps.get_tensor_model_parallel_rank(), tp)
+    chunks = wrap_ddp(chunks, use_distributed_optimizer=distributed)
+    optimizer = build_optimizer(chunks, OptimizerConfig(lr=1e-3, use_distributed_optimizer=distributed), 3)
+    dp, rank = layout.dp, ps.get_data_parallel_rank()
+    mine = tokens[rank * len(tokens) // dp : (rank + 1) * len(tokens) // dp]
+    batch = [{"input_ids": t[None, :-1], "labels": t[None, 1:]} for t in mine]
+
+    def loss(mb, out):
+        token_mean = -vocab_parallel_log_probs(out, mb["labels"], arch.vocab_size).mean()
+        return token_mean, {"loss": token_mean.detach().clone()}  # the schedule scales its input in place
+
+    losses, norms = [], []
+    for _ in range(3):
+        optimizer.zero_grad()
+        outs = run_microbatches(chunks, batch, loss, forward_only=False)
+        mean = torch.stack([o["loss"] for o in outs]).mean()
+        dist.all_reduce(mean, group=ps.get_data_parallel_group())
+        losses.append(mean.item() / dp)
+        norms.append(optimizer.step()["grad_norm"])
+    layout.destroy()
+    return {"losses": losses, "grad_norms": norms}
+
+
+def main(argv: list[str]) -> dict:
+    (hf,) = argv
+    arch = ModelArchitecture.from_pretrained(hf)
+    tokens = torch.randint(0, arch.vocab_size, (4, 17), generator=torch.Generator().manual_seed(0))
+    return {name: _train(arch, hf, tokens, *sizes) for name, sizes in LAYOUTS.items()}
