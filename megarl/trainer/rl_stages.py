@@ -354,6 +354,9 @@ def update_actor_stage(
     def update(ctx: StepContext, batch: Batch) -> None:
         metrics = actor.update(batch.select([*SEQUENCE_COLUMNS, *columns]))
         ctx.metrics.update(role_metrics("actor", metrics))
+        if replay and fused_old_log_prob:  # (the old_log_prob stage logs it otherwise)
+            routes = batch[Col.ROUTED_EXPERTS]
+            ctx.metrics["router_replay/route_bytes"] = routes.numel() * routes.element_size()
 
     return Stage("update_actor", update, reads=columns)
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from megarl.config import load_config
 
+from megarl.config import load_config
 from megarl.protocol import Batch, Col
 from megarl.rewards import RewardComputer
 from megarl.trainer.dataflow import StepContext
@@ -17,7 +17,7 @@ from megarl.workers.routes import LIVE_ROUTES
 pytestmark = pytest.mark.unit
 
 
-def _flow(mode: str, *overrides: str):
+def _flow(mode: str, *overrides: str, actor=None):
     cfg = load_config(
         None,
         [
@@ -29,7 +29,7 @@ def _flow(mode: str, *overrides: str):
         ],
         check_paths=False,
     )
-    roles = SimpleNamespace(actor=object(), ref=object(), critic=None, reward_model=None)
+    roles = SimpleNamespace(actor=actor or object(), ref=object(), critic=None, reward_model=None)
     flow, _ = build_rl_dataflow(cfg, roles, RewardComputer.from_config(cfg, None))
     return flow
 
@@ -99,3 +99,31 @@ def test_r3_old_log_prob_logs_how_often_the_trainer_would_route_otherwise():
     assert ctx.metrics["router_replay/disagreement_token_share"] == pytest.approx(2 / real_tokens)
     assert ctx.metrics["router_replay/disagreement_layer_token_share"] == pytest.approx(3 / real_pairs)
     assert ctx.metrics["router_replay/route_bytes"] == engine.numel() * 2
+
+
+def test_a_fused_update_logs_the_route_bytes_it_replays():
+    class Actor:
+        def update(self, batch: Batch) -> dict:
+            self.seen = batch
+            return {"grad_norm": 1.0}
+
+    actor = Actor()
+    flow = _flow("R3", "algorithm.old_log_prob=fused", "algorithm.ppo_mini_batch_size=64", actor=actor)
+    assert "old_log_prob" not in flow.names and Col.ROUTED_EXPERTS in flow["update_actor"].reads
+    routes = torch.zeros(2, 5, 3, 2, dtype=torch.int16)
+    batch = Batch(
+        {
+            Col.INPUT_IDS: torch.ones(2, 5, dtype=torch.long),
+            Col.ATTENTION_MASK: torch.ones(2, 5, dtype=torch.long),
+            Col.RESPONSES: torch.ones(2, 3, dtype=torch.long),
+            Col.RESPONSE_MASK: torch.ones(2, 3),
+            Col.ROLLOUT_LOG_PROBS: torch.zeros(2, 3),
+            Col.ADVANTAGES: torch.zeros(2, 3),
+            Col.REF_LOG_PROBS: torch.zeros(2, 3),
+            Col.ROUTED_EXPERTS: routes,
+        }
+    )
+    ctx = StepContext(step=1)
+    flow["update_actor"].run(ctx, batch)
+    assert torch.equal(actor.seen[Col.ROUTED_EXPERTS], routes)
+    assert ctx.metrics["router_replay/route_bytes"] == routes.numel() * 2
