@@ -43,6 +43,7 @@ ORDER_1 = (
     "fsdp_checkpoint",
     "vllm_single",
     "vllm_lora",
+    "vllm_moe",
     "agentic",
     "tiny_archs",
 )
