@@ -1,5 +1,6 @@
-"""Rank code for test_vllm_moe: VLLMRollout on a tiny mixture-of-experts checkpoint against transformers fp32,
-one rank. argv: MODEL... (one per family). For each model: greedy tokens and log-probs; the routes the
+"""Rank code for test_vllm_moe: VLLMRollout on tiny mixture-of-experts checkpoints against transformers fp32.
+argv: MODEL... (one per family). One engine TP group over every rank (the test: 1 rank; the same program
+under 2 ranks checks TP2; rank 0 reports). For each model: greedy tokens and log-probs; the routes the
 engine recorded (R3: `return_routes`) against the top-k of transformers' router logits, with n = 2 sampled
 responses per prompt; then weights moved by ~5% pushed through `VLLMRollout.load_weights` (the sync path,
 whose per-expert tensors go to vLLM's `reload_weights`), and the same against transformers with them.
@@ -8,10 +9,10 @@ whose per-expert tensors go to vLLM's `reload_weights`), and the same against tr
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from megarl.config.schema import SamplingConfig
 from megarl.protocol import Batch, Col
@@ -25,18 +26,19 @@ from tests.multiproc.vllm_rollout_checks import (
 )
 
 
-def _perturbed(model, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Move every weight of `model` by ~5% of its mean magnitude (in place); returns the tensors under their
-    checkpoint names (as save_pretrained writes them, what a weight sync sends)."""
+def _perturbed(model, out: Path, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Move every weight of `model` by ~5% of its mean magnitude (in place, alike on every rank); returns the
+    tensors under their checkpoint names (as rank 0's save_pretrained writes them into `out`: what a weight
+    sync sends)."""
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=g))
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        return dict(load_file(Path(tmp) / "model.safetensors"))
+    model.save_pretrained(out)  # rank 0 only
+    dist.barrier()
+    return dict(load_file(out / "model.safetensors"))
 
 
 def _hf_greedy(model, batch: Batch) -> list[list[int]]:
@@ -97,13 +99,13 @@ def check_model(model: str) -> dict:
     from megarl.rollout.vllm import VLLMRollout
 
     batch = prompt_batch()
-    rollout = VLLMRollout(dataclasses.replace(config(model, tp=1), return_routes=True))
+    rollout = VLLMRollout(dataclasses.replace(config(model, tp=dist.get_world_size()), return_routes=True))
     hf = hf_model(model)
     res = {
         "prefix_caching": rollout.engine_kwargs["enable_prefix_caching"],
         "before": _generations(rollout, hf, batch),
     }
-    weights = _perturbed(hf)
+    weights = _perturbed(hf, Path(f"{model}-synced"))
     res["loader"] = rollout.load_weights(weights.items())
     res["after"] = _generations(rollout, hf, batch)
     rollout.close()
