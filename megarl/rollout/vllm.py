@@ -49,11 +49,11 @@ from megarl.rollout.vllm_lora import (
     reinstall_adapter,
 )
 from megarl.rollout.vllm_moe import (
+    expert_layers,
     install_route_recorder,
     is_moe,
     repack_experts_on_update,
-    routes_column,
-    sample_routes,
+    rollout_routes,
     take_routes,
 )
 
@@ -142,9 +142,11 @@ def _log_level(logger: str, level: int) -> Iterator[None]:
 def _engine_layers(worker) -> dict[str, set[str]]:
     model = worker.model_runner.model
     packed = getattr(model, "packed_modules_mapping", {})
+    experts = expert_layers(model)  # MoE: one engine layer holds every expert's tensors
     # with LoRA enabled each linear is wrapped, its own parameters under `base_layer`
     names = (name.replace(".base_layer.", ".") for name, _ in model.named_parameters())
-    return checkpoint_names_by_layer(names, packed)
+    names = (name for name in names if name.rpartition(".")[0] not in experts)
+    return {**checkpoint_names_by_layer(names, packed), **experts}
 
 
 def _reprocess_tied_layers(worker) -> int:
@@ -357,15 +359,7 @@ class VLLMRollout(Rollout):
         if self.route_shape is not None:
             with engine_call():
                 routes = self.llm.collective_rpc(take_routes)[0]
-            width = batch[Col.PROMPTS].shape[1]
-            result[Col.ROUTED_EXPERTS] = routes_column(
-                sample_routes(outputs, routes),
-                result[Col.ATTENTION_MASK][:, :width].sum(1).tolist(),
-                [len(s.token_ids) for per_prompt in samples for s in per_prompt],
-                width,
-                max_tokens,
-                *self.route_shape,
-            )
+            result[Col.ROUTED_EXPERTS] = rollout_routes(result, outputs, routes, self.route_shape)
         return result
 
     def _generate_multi_turn(

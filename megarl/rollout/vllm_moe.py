@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from megarl.protocol import Batch, Col
 from megarl.rollout.vllm_groups import check_vllm_version
 
 NO_ROUTE = -1  # a position whose route is unknown (padding, the never-forwarded last token)
@@ -53,6 +54,30 @@ def repack_experts_on_update() -> None:
 
     setup_kernel.megarl_repacks = True
     Method._setup_kernel = setup_kernel
+
+
+def expert_layers(model: torch.nn.Module) -> dict[str, set[str]]:
+    """For each fused-experts layer of an engine model (`...mlp.experts.routed_experts`), the Hugging Face
+    names of every tensor that fills it (`...mlp.experts.{e}.{gate,up,down}_proj.weight` for every expert):
+    a push that sends part of them leaves the layer half-loaded (its outputs NaN). {} for a dense model."""
+    check_vllm_version()
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    layers = {}
+    for path, runner in model.named_modules():
+        if not isinstance(runner, MoERunner):
+            continue
+        experts = runner.routed_experts
+        own = [name for name, _ in experts.named_parameters(recurse=False)]
+        names = set()
+        # (param "experts.w13_", checkpoint "experts.{e}.gate_proj.", ...): both relative to the runner's parent
+        for param, checkpoint, _, _ in experts.get_expert_mapping():
+            stem = param.rpartition(".")[2]
+            names.update(
+                f"{path.rpartition('.')[0]}.{checkpoint}{n[len(stem) :]}" for n in own if n.startswith(stem)
+            )
+        layers[next(f"{path}.{name}" for name, m in runner.named_children() if m is experts)] = names
+    return layers
 
 
 class RouteRecorder:
@@ -173,6 +198,23 @@ def routes_column(
         out[row, prompt_width - p : prompt_width] = seq[:p]
         out[row, prompt_width : prompt_width + forwarded - p] = seq[p:]
     return out
+
+
+def rollout_routes(
+    rollout: Batch, outputs: Sequence, routes: Mapping[str, torch.Tensor], shape: tuple[int, int]
+) -> torch.Tensor:
+    """`Col.ROUTED_EXPERTS` of a single-turn rollout (`rollout_batch`'s result) from vLLM's `RequestOutput`s,
+    `take_routes`' result and the recorder's (MoE layers, top-k)."""
+    width = rollout[Col.PROMPTS].shape[1]
+    attention = rollout[Col.ATTENTION_MASK]
+    return routes_column(
+        sample_routes(outputs, routes),
+        attention[:, :width].sum(1).tolist(),
+        attention[:, width:].sum(1).tolist(),
+        width,
+        rollout[Col.RESPONSES].shape[1],
+        *shape,
+    )
 
 
 def sample_routes(outputs: Sequence, routes: Mapping[str, torch.Tensor]) -> list[torch.Tensor | None]:

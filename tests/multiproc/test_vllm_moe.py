@@ -60,3 +60,10 @@ def test_recorded_routes_are_hfs_top_k_at_every_forwarded_position(moe, family, 
 
 def test_moe_sync_goes_through_vllms_reload(moe):
     assert {m["loader"] for m in moe.values()} == {"reload_weights"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_push_of_part_of_a_layers_experts_is_refused(moe, family):
+    """vLLM leaves such a layer half-loaded: its outputs were NaN."""
+    error = moe[family]["part_of_the_experts"]
+    assert error is not None and "model.layers.3.mlp.experts.3.down_proj.weight" in error

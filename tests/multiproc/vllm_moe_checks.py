@@ -3,7 +3,8 @@ argv: MODEL... (one per family). One engine TP group over every rank (the test: 
 under 2 ranks checks TP2; rank 0 reports). For each model: greedy tokens and log-probs; the routes the
 engine recorded (R3: `return_routes`) against the top-k of transformers' router logits, with n = 2 sampled
 responses per prompt; then weights moved by ~5% pushed through `VLLMRollout.load_weights` (the sync path,
-whose per-expert tensors go to vLLM's `reload_weights`), and the same against transformers with them.
+whose per-expert tensors go to vLLM's `reload_weights`), and the same against transformers with them; a push
+of part of a layer's experts first, which must be refused.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def check_model(model: str) -> dict:
         "before": _generations(rollout, hf, batch),
     }
     weights = _perturbed(hf, Path(f"{model}-synced"))
+    try:  # one expert of each layer: the rest of the layer must come in the same call
+        rollout.load_weights((k, v) for k, v in weights.items() if ".experts.0." in k)
+        res["part_of_the_experts"] = None
+    except ValueError as e:
+        res["part_of_the_experts"] = str(e)
     res["loader"] = rollout.load_weights(weights.items())
     res["after"] = _generations(rollout, hf, batch)
     rollout.close()
