@@ -6,7 +6,9 @@ expert weights into its grouped-GEMM layout (`CPUUnquantizedExperts.process_weig
 a weight update (`reload_weights`, megarl's sync path) `UnquantizedFusedMoEMethod._setup_kernel` skips that
 step: the experts then hold the checkpoint layout while the kernel reads them as packed (generation is
 silently wrong), or the copy fails with a size mismatch where the padding changed the shape.
-`repack_experts_on_update` makes updates run the step too, as the first load does.
+`repack_experts_on_update` makes updates run the step too, as the first load does. One engine layer holds
+every expert of an MoE block, and a push that sends part of them leaves it half-loaded (NaN outputs):
+`expert_layers` names its checkpoint tensors so that `VLLMRollout.load_weights` refuses such a push.
 
 Routes. vLLM's own `enable_return_routed_experts` needs Model Runner V2 (triton), so it cannot run on CPU.
 `RouteRecorder` hooks every MoE router's capture callback instead and files each step's top-k expert ids
