@@ -34,6 +34,16 @@ def check_router_replay(cfg: MegarlConfig, dims: ModelDims | None, problems: lis
             f"{key}: with pipeline parallelism the forward recomputed in the backward would meet another "
             "micro-batch's routes; set model.gradient_checkpointing=false or actor.parallel.pp=1"
         )
+    if mode == "R3" and cfg.rollout.multi_turn.enable:
+        problems.append(
+            f"{key}: the engine records routes for single-turn rollouts only; set rollout.multi_turn.enable=false "
+            "or use actor.router_replay.mode=R2"
+        )
+    if mode == "R3" and cfg.async_training.partial_rollout:
+        problems.append(
+            f"{key}: routes are not recorded across the weight syncs of a partial rollout; set "
+            "async_training.partial_rollout=false or use actor.router_replay.mode=R2"
+        )
     if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
         problems.append(
             f"{key} records the routes in the old-log-prob forward, which "

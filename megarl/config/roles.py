@@ -66,6 +66,9 @@ class RolloutSpec:
     # the actor's adapters when they are synced alone (actor.lora, sync adapter): the engine runs with
     # LoRA enabled and serves the adapter `VLLMRollout.load_adapter` hands it; None = no LoRA in the engine
     lora: LoraConfig | None = None
+    # actor.router_replay.mode=R3: the engine records each token's routed experts (Col.ROUTED_EXPERTS) and
+    # runs without prefix caching (megarl.rollout.vllm_moe)
+    return_routes: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ def rollout_spec(cfg: MegarlConfig) -> RolloutSpec:
         seed=cfg.trainer.seed if r.seed is None else r.seed,
         partial_rollout=cfg.async_training.partial_rollout,
         lora=_engine_lora(cfg),
+        return_routes=cfg.actor.router_replay.mode == "R3",
     )
 
 

@@ -6,7 +6,9 @@ same prompts, the way the generation-layout dispatch hands them out. The groups 
 3D-HybridEngine's plan, e.g. strided [[0, 2], [1, 3]]) rather than vLLM's consecutive ones. Weights
 come from the HF checkpoint at start-up and are replaced in place by `load_weights` after each sync.
 With LoRA in the rollout spec, the policy's adapter comes from memory through `load_adapter`
-(`megarl.rollout.vllm_lora`), and every request then runs with it.
+(`megarl.rollout.vllm_lora`), and every request then runs with it. A mixture-of-experts checkpoint gets
+`megarl.rollout.vllm_moe`'s fix for weight updates on CPU and, with `return_routes` in the spec (R3), the
+routes of every token (`Col.ROUTED_EXPERTS`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from megarl.config.schema import SamplingConfig, longest_response
 from megarl.distributed.platform import platform
 from megarl.errors import MegarlError
 from megarl.models.dtypes import hf_name
-from megarl.protocol import Batch
+from megarl.protocol import Batch, Col
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
 from megarl.rollout.partial import generate_across_syncs
@@ -45,6 +47,14 @@ from megarl.rollout.vllm_lora import (
     install_adapter,
     installed_adapter_checksums,
     reinstall_adapter,
+)
+from megarl.rollout.vllm_moe import (
+    expert_layers,
+    install_route_recorder,
+    is_moe,
+    repack_experts_on_update,
+    rollout_routes,
+    take_routes,
 )
 
 # vLLM logs INFO lines per weight reload and cache reset, every step, from every rank: in a run's log
@@ -132,9 +142,11 @@ def _log_level(logger: str, level: int) -> Iterator[None]:
 def _engine_layers(worker) -> dict[str, set[str]]:
     model = worker.model_runner.model
     packed = getattr(model, "packed_modules_mapping", {})
+    experts = expert_layers(model)  # MoE: one engine layer holds every expert's tensors
     # with LoRA enabled each linear is wrapped, its own parameters under `base_layer`
     names = (name.replace(".base_layer.", ".") for name, _ in model.named_parameters())
-    return checkpoint_names_by_layer(names, packed)
+    names = (name for name in names if name.rpartition(".")[0] not in experts)
+    return {**checkpoint_names_by_layer(names, packed), **experts}
 
 
 def _reprocess_tied_layers(worker) -> int:
@@ -193,6 +205,7 @@ class VLLMRollout(Rollout):
         self.llm = self._start_engine()
         self.pad_token_id = self._pad_token_id()
         self.layers = self.llm.collective_rpc(_engine_layers)[0]
+        self.route_shape = self._start_route_recording() if cfg.return_routes else None
         self.multi_turn = None
         if cfg.rollout.multi_turn.enable:
             from megarl.agentic.multi_turn import MultiTurnRollout
@@ -204,9 +217,27 @@ class VLLMRollout(Rollout):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
+        if self.cfg.return_routes and platform().is_cuda and not self.cfg.rollout.enforce_eager:
+            raise ValueError(
+                "recording routes (actor.router_replay.mode=R3) hooks the routers in Python, which CUDA "
+                "graphs would skip: set rollout.enforce_eager=true"
+            )
         spare_default_process_group()
         with engine_call(), given_tp_groups(self.tp_groups):
-            return LLM(**self.engine_kwargs, distributed_executor_backend="external_launcher")
+            llm = LLM(**self.engine_kwargs, distributed_executor_backend="external_launcher")
+        if is_moe(llm.llm_engine.model_config.hf_config) and not platform().is_cuda:
+            repack_experts_on_update()
+        return llm
+
+    def _start_route_recording(self) -> tuple[int, int]:
+        """Hook the engine's routers (`vllm_moe.RouteRecorder`); returns (MoE layers, top-k)."""
+        if not is_moe(self.llm.llm_engine.model_config.hf_config):
+            raise ValueError(
+                f"the rollout spec asks for routes (R3) but {self.cfg.model.path} is not a mixture-of-experts "
+                "model; set actor.router_replay.mode=disabled"
+            )
+        with engine_call():
+            return self.llm.collective_rpc(install_route_recorder)[0]
 
     @property
     def engine_kwargs(self) -> dict:
@@ -226,7 +257,8 @@ class VLLMRollout(Rollout):
             gpu_memory_utilization=r.gpu_memory_utilization,
             kv_cache_memory_bytes=r.kv_cache_memory_bytes,
             enforce_eager=r.enforce_eager,
-            enable_prefix_caching=True,
+            # a prefix-cache hit skips the router of the cached blocks: no routes there (vllm_moe)
+            enable_prefix_caching=not cfg.return_routes,
             enable_sleep_mode=self.can_sleep,
             **({} if platform().is_cuda else {"block_size": _CPU_BLOCK_SIZE}),
             # vLLM's CPU sampler computes a log-softmax for this mode every step, asked for or not
@@ -290,6 +322,8 @@ class VLLMRollout(Rollout):
             for seed in self._request_seeds(len(prompts))
         ]
         if between_steps is not None:
+            if self.route_shape is not None:
+                raise MegarlError("routes (R3) are not recorded across weight syncs (partial rollouts)")
             samples, self.weights_version = generate_across_syncs(
                 self.llm,
                 prompts,
@@ -321,7 +355,12 @@ class VLLMRollout(Rollout):
             ]
             for out in outputs
         ]
-        return rollout_batch(batch, samples, max_tokens, self.pad_token_id)
+        result = rollout_batch(batch, samples, max_tokens, self.pad_token_id)
+        if self.route_shape is not None:
+            with engine_call():
+                routes = self.llm.collective_rpc(take_routes)[0]
+            result[Col.ROUTED_EXPERTS] = rollout_routes(result, outputs, routes, self.route_shape)
+        return result
 
     def _generate_multi_turn(
         self,
@@ -338,6 +377,8 @@ class VLLMRollout(Rollout):
         assert self.multi_turn is not None
         if between_steps is not None:
             raise MegarlError("multi-turn rollouts cannot take weights mid-generation (partial rollouts)")
+        if self.route_shape is not None:
+            raise MegarlError("routes (R3) are not recorded for multi-turn rollouts")
 
         def params_for(seed: int, cap: int, stops: list[int]) -> SamplingParams:
             args = sampling_params(sampling, cap, seed, log_probs)

@@ -55,6 +55,7 @@ ORDER_1 = (
     "fsdp_checkpoint",
     "vllm_single",
     "vllm_lora",
+    "vllm_moe",
     "agentic",
     "tiny_archs",
 )

@@ -67,3 +67,29 @@ def test_a_dense_model_is_refused_and_an_moe_model_is_not(mode):
 def test_what_replay_cannot_do_is_refused_with_the_fix(overrides, message):
     found = problems("actor.router_replay.mode=R2", *overrides)
     assert any(message in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [("multi_turn", "rollout.multi_turn.enable=false"), ("partial", "async_training.partial_rollout=false")],
+)
+def test_r3_refuses_rollouts_whose_routes_the_engine_does_not_record(field, message):
+    cfg = load("actor.router_replay.mode=R3")
+    if field == "multi_turn":
+        cfg.rollout.multi_turn.enable = True
+    else:
+        cfg.async_training.partial_rollout = True
+    found: list[str] = []
+    check_router_replay(cfg, dims(8), found)
+    assert len(found) == 1 and message in found[0], found
+    cfg.actor.router_replay.mode = "R2"
+    found = []
+    check_router_replay(cfg, dims(8), found)
+    assert found == []
+
+
+def test_r3_asks_the_engine_for_routes():
+    from megarl.config.roles import rollout_spec
+
+    assert rollout_spec(load("actor.router_replay.mode=R3")).return_routes
+    assert not rollout_spec(load("actor.router_replay.mode=R2")).return_routes
