@@ -57,7 +57,7 @@ def response_log_probs(
     shapes = {name: (width,) for name in (column, *stats)}
     routes: list[torch.Tensor] | None = [] if routes_to else None
     out = worker.forward_rows(seqs, compute, shapes, routes_out=routes)
-    if routes_to:
+    if routes is not None and routes_to:
         from megarl.workers.routes import routes_column
 
         out[routes_to] = routes_column(routes, batch[Col.ATTENTION_MASK])

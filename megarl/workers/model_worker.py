@@ -220,7 +220,7 @@ class ModelWorker(Worker):
 
         with torch.no_grad(), recording(self.model_routes) if record else contextlib.nullcontext():
             outs = self.run_microbatches(mbs, loss_fn, forward_only=True, at=at)
-        if record:
+        if routes_out is not None:
             routes_out.extend(gathered_rows(mbs, seqs.lengths, self.layout.sequence_parallel))
         results = {}
         for name, shape in shapes.items():
