@@ -161,6 +161,60 @@ def check_layout(hf_dir: str, name: str, batch: Batch, hf: dict) -> dict:
     return out
 
 
+def perturbed_engine(hf_dir: str, batch: Batch, noise: float, seed: int = 5) -> dict[str, torch.Tensor]:
+    """An "engine" that routes a little differently than the trainer (as kernels and reduction orders
+    make real engines do): transformers with its routers' weights perturbed by `noise`·std, every other
+    weight the same. Its response log-probs and its routes [n, P+R, L, k] (-1 on padding)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            w = layer.mlp.gate.weight
+            w.add_(torch.randn(w.shape, generator=g) * noise * w.std())
+    k, layers = model.config.num_experts_per_tok, len(model.model.layers)
+    mask = batch[Col.ATTENTION_MASK]
+    out = {
+        "log_probs": torch.zeros(N, batch[Col.RESPONSES].shape[1]),
+        "routes": torch.full((*mask.shape, layers, k), -1, dtype=torch.int16),
+    }
+    with torch.no_grad():
+        for i in range(N):
+            real_mask = mask[i].bool()
+            real = batch[Col.INPUT_IDS][i][real_mask]
+            p = int(mask[i, :PROMPT].sum())
+            result = model(input_ids=real[None], output_router_logits=True)
+            out["routes"][i][real_mask] = torch.stack(
+                [logits.topk(k, dim=-1).indices for logits in result.router_logits], dim=1
+            ).to(torch.int16)
+            logp = torch.log_softmax(result.logits[0].float(), dim=-1)
+            out["log_probs"][i, : len(real) - p] = logp[p - 1 : -1].gather(1, real[p:, None])[:, 0]
+    return out
+
+
+def check_r3_effect(hf_dir: str, batch: Batch, noise: float = 0.05) -> dict:
+    """Train/rollout log-prob differences against an engine that routes ~differently, with and without
+    replaying its routes (EP2, packed), and the share of tokens the trainer routes otherwise."""
+    from megarl.models.moe_replay import disagreement
+
+    engine = perturbed_engine(hf_dir, batch, noise)
+    mask, real = batch[Col.RESPONSE_MASK] > 0, batch[Col.ATTENTION_MASK].bool()
+    plain = batch.select([Col.INPUT_IDS, Col.ATTENTION_MASK, Col.RESPONSES, Col.RESPONSE_MASK])
+    cfg = config(hf_dir, "R3", *LAYOUTS["ep2_packed"])
+    actor = make_worker_group("spmd", None, ActorWorker, "actor", {"spec": role_spec(cfg, "actor")})
+    live = actor.log_prob(plain)  # no routes: routed live
+    replayed = actor.log_prob(plain.union(Batch(tensors={Col.ROUTED_EXPERTS: engine["routes"]})))
+    out = {"noise": noise}
+    for name, lp in (("without_r3", live), ("with_r3", replayed)):
+        diff = (lp[Col.OLD_LOG_PROBS] - engine["log_probs"])[mask].abs()
+        out[f"{name}_abs_diff_mean"], out[f"{name}_abs_diff_max"] = diff.mean().item(), diff.max().item()
+    shares = disagreement(live[LIVE_ROUTES][real], engine["routes"][real])
+    out["disagreement_token_share"] = shares["token_share"]
+    out["disagreement_layer_token_share"] = shares["layer_token_share"]
+    return out
+
+
 def main(argv: list[str]) -> dict:
     hf_dir = argv[0]
     from megarl.models.from_hf import ModelArchitecture
@@ -170,4 +224,8 @@ def main(argv: list[str]) -> dict:
     routes = random_routes(batch, arch.num_layers, arch.num_experts, arch.moe_topk)
     batch = batch.union(Batch(tensors={Col.ROUTED_EXPERTS: routes}))
     hf = hf_reference(hf_dir, batch, routes)
-    return {name: check_layout(hf_dir, name, batch, hf) for name in LAYOUTS}
+    results = {name: check_layout(hf_dir, name, batch, hf) for name in LAYOUTS}
+    results["r3_effect"] = check_r3_effect(
+        hf_dir, batch.select([k for k in batch.tensors.keys() if k != Col.ROUTED_EXPERTS])
+    )
+    return results
