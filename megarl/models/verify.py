@@ -186,7 +186,7 @@ def check_layout(
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     layout.destroy()
     return {
-        "layout": layout.describe() + (f"xep{layout.ep}" if layout.ep > 1 else ""),
+        "layout": layout.describe(),
         "max_abs_logit_diff": stats[0].item(),
         "loss": loss.item(),
         "head": arch.head,
