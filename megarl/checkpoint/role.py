@@ -41,6 +41,7 @@ from megarl.checkpoint.format import (
     save_model,
 )
 from megarl.checkpoint.lora_state import LORA_KEY, check_lora, lora_meta
+from megarl.checkpoint.optimizer_chain import load_across_chains, same_chain
 from megarl.checkpoint.role_common import (
     OPTIMIZER_DIR,
     all_or_none,
@@ -327,7 +328,12 @@ def load_train_state(
                 sharded = opt.sharded_state_dict(
                     _sharded_state(modules), is_loading=True, metadata=OPTIMIZER_METADATA
                 )
-                state = dist_checkpointing.load(sharded, str(role_dir / OPTIMIZER_DIR))
+                opt_dir = role_dir / OPTIMIZER_DIR
+                saved_common = dist_checkpointing.load_common_state_dict(str(opt_dir))
+                if same_chain(saved_common, sharded):
+                    state = dist_checkpointing.load(sharded, str(opt_dir))
+                else:  # an MoE checkpoint of another expert-parallel size
+                    state = load_across_chains(sharded, saved_common, opt_dir, role_dir)
                 with _states_without_step(train_optimizer):
                     opt.load_state_dict(state)
                 _unshare_steps(train_optimizer)

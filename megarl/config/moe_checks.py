@@ -1,4 +1,4 @@
-"""Rules of `actor.router_replay` (megarl.config.schema_moe), applied at load time by
+"""Rules of `actor.router_replay` and `<role>.moe` (megarl.config.schema_moe), applied at load time by
 megarl.config.validate."""
 
 from __future__ import annotations
@@ -54,3 +54,15 @@ def check_router_replay(cfg: MegarlConfig, dims: ModelDims | None, problems: lis
             f"{key}: the routes come from the actor's colocated engine; a separate rollout pool "
             "(rollout.placement=separate) does not return them yet: use rollout.placement=colocated or R2"
         )
+
+
+def check_moe_router(cfg: MegarlConfig, problems: list[str]) -> None:
+    """Problems of the trained roles' router loss settings (`<role>.moe`)."""
+    for role in ("actor", "critic"):
+        moe = getattr(cfg, role).moe
+        for name in ("aux_loss_coeff", "z_loss_coeff"):
+            value = getattr(moe, name)
+            if value is not None and value < 0:
+                problems.append(
+                    f"{role}.moe.{name}={value} must be ≥ 0 (0 = no such loss; unset = the checkpoint's)"
+                )

@@ -80,3 +80,5 @@ LoggingBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 LoraSync = Literal["auto", "adapter", "merged"]  # <role>.lora.sync: how the engine gets the adapted policy
 LoraInit = Literal["kaiming", "xavier"]  # <role>.lora.init_A: lora_A's initialisation
 RouterReplayMode = Literal["disabled", "R2", "R3"]  # actor.router_replay.mode (verl's names)
+# <role>.moe.load_balancing_type: megatron's moe_router_load_balancing_type (verl passes it through)
+MoeLoadBalancing = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "none"]

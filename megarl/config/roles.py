@@ -24,6 +24,7 @@ from megarl.config.schema import (
     ParallelConfig,
     RolloutConfig,
 )
+from megarl.config.schema_moe import MoeRouterConfig
 from megarl.config.validate import resolve_auto
 
 ROLE_NAMES = ("actor", "ref", "critic", "reward")
@@ -101,6 +102,8 @@ class RoleSpec:
     # MoE routing replay (actor.router_replay.mode; the reference follows the actor): "disabled" routes
     # every forward live; otherwise the role's forwards replay the batch's routed_experts
     router_replay: str = "disabled"
+    # the MoE router's aux/z losses of a trained role (<role>.moe; None fields: the checkpoint's)
+    moe: MoeRouterConfig = field(default_factory=MoeRouterConfig)
 
     @property
     def trainable(self) -> bool:
@@ -174,6 +177,7 @@ def role_spec(cfg: MegarlConfig, role: str, total_steps: int | None = None) -> R
         total_steps=total_steps or cfg.trainer.total_steps or 1,
         mini_batch_size=algo.ppo_mini_batch_size * cfg.rollout.n,
         epochs=algo.ppo_epochs,
+        moe=copy.deepcopy(section.moe),
         # auto fields decided, also for configs built in Python (a no-op for a resolved one)
         algorithm=copy.deepcopy(resolve_auto(cfg).algorithm),
         rollout=rollout_spec(cfg) if role == "actor" else None,

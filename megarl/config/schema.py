@@ -6,8 +6,8 @@ their fields; `key=value` overrides use the same dotted names (`actor.parallel.t
 config with `megarl.config.load_config`; cross-field rules live in `megarl.config.validate`.
 
 The `algorithm` and `preference` sections live in `megarl.config.schema_algorithm`, `<role>.lora` in
-`megarl.config.schema_lora`, `actor.router_replay` in `megarl.config.schema_moe`; the option vocabularies
-(the Literals) in `megarl.config.options`. "None = auto" fields are filled in by `resolve_auto` at load.
+`megarl.config.schema_lora`, `actor.router_replay` and `<role>.moe` in `megarl.config.schema_moe`; the
+option vocabularies (the Literals) in `megarl.config.options`. "None = auto": filled by `resolve_auto`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from megarl.config.options import (
 from megarl.config.schema_agentic import AgentConfig, MultiTurnConfig
 from megarl.config.schema_algorithm import AlgorithmConfig, PreferenceConfig
 from megarl.config.schema_lora import LoraConfig
-from megarl.config.schema_moe import RouterReplayConfig
+from megarl.config.schema_moe import MoeRouterConfig, RouterReplayConfig
 from megarl.distributed.layout import LayoutKeys, ParallelLayout
 
 
@@ -130,14 +130,14 @@ class FSDPConfig:
 class TrainRoleConfig(RoleConfig):
     """A role that is trained: it has an optimizer and can offload its training state."""
 
-    # "megatron": megatron-core (TP/PP/CP/EP, the families of megarl's conversion tables); "fsdp": the
-    # transformers model itself, any architecture, sharded with PyTorch FSDP2 over the role's devices
-    # (data parallel only: `parallel` must stay 1). verl: actor_rollout_ref.actor.strategy / critic.strategy
+    # "megatron": megatron-core (TP/PP/CP/EP, the families of megarl's conversion tables); "fsdp": the HF model,
+    # any architecture, FSDP2 over the role's devices (DP only: `parallel` stays 1). verl: <role>.strategy
     backend: RoleBackend = "megatron"
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters instead of full training: schema_lora
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)  # MoE, actor: schema_moe
+    moe: MoeRouterConfig = field(default_factory=MoeRouterConfig)  # MoE router losses: schema_moe
     offload_grads: bool = False  # move gradients to CPU while generating
     offload_optimizer: bool = False  # move optimizer state to CPU while generating
 

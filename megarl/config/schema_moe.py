@@ -1,5 +1,6 @@
-"""MoE settings of the actor (`actor.router_replay`): rollout routing replay, verl's names and modes. The
-rules: megarl.config.moe_checks; the mechanism: megarl.models.moe_replay.
+"""MoE settings of a trained role: rollout routing replay (`actor.router_replay`, verl's names and modes;
+the rules: megarl.config.moe_checks; the mechanism: megarl.models.moe_replay) and the router's
+load-balancing losses (`<role>.moe`, megatron's names).
 
 With identical weights an MoE router in the trainer and one in the rollout engine still send some tokens
 to other experts (different kernels, different sums), so the trainer's log-probs are not the ones the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megarl.config.options import RouterReplayMode
+from megarl.config.options import MoeLoadBalancing, RouterReplayMode
 
 
 @dataclass
@@ -25,3 +26,20 @@ class RouterReplayConfig:
     #         reference and update forwards replay them (the trainer takes the experts the samples took)
     # MoE models only (model.path's config.json names num_experts / num_local_experts), megatron backend
     mode: RouterReplayMode = "disabled"
+
+
+@dataclass
+class MoeRouterConfig:
+    """The router's auxiliary losses while training (`actor.moe`, `critic.moe`); they add to the loss the
+    role minimises and change only the routers' (and through the routing, nothing else's) gradients. None
+    = the checkpoint's: config.json's router_aux_loss_coef where its output_router_logits is true (as
+    transformers trains), else no aux loss. verl: <role>.megatron.override_transformer_config's
+    moe_aux_loss_coeff / moe_z_loss_coeff / moe_router_load_balancing_type (verl's own default is
+    "none": no load balancing in RL)."""
+
+    aux_loss_coeff: float | None = None  # megatron's moe_aux_loss_coeff; ≥ 0
+    z_loss_coeff: float | None = None  # megatron's moe_z_loss_coeff (router logits' squared logsumexp); ≥ 0
+    # megatron's moe_router_load_balancing_type: "aux_loss" (GShard, per micro-batch), "seq_aux_loss"
+    # (per sequence, DeepSeek-V2/V3), "global_aux_loss" (over the data-parallel batch), "none"; None =
+    # "aux_loss" when the aux coefficient is > 0, else "none"
+    load_balancing_type: MoeLoadBalancing | None = None

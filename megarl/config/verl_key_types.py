@@ -171,6 +171,9 @@ def optim(verl: str, role: str) -> list[VerlKey]:
     ]
 
 
+MOE_ROUTER = "MoE models; verl's default load balancing is none, megarl's the checkpoint's"
+
+
 def megatron(verl: str, role: str) -> list[VerlKey]:
     p = f"{role}.parallel"
     keys = [
@@ -206,6 +209,14 @@ def megatron(verl: str, role: str) -> list[VerlKey]:
             maps(f"{verl}.grad_offload", f"{role}.offload_grads"),
             maps(f"{verl}.optimizer_offload", f"{role}.offload_optimizer"),
             maps(f"{verl}.use_distributed_optimizer", f"{role}.optimizer.use_distributed_optimizer"),
+            *(
+                maps(f"{verl}.override_transformer_config.{name}", f"{role}.moe.{short}", MOE_ROUTER)
+                for name, short in (
+                    ("moe_aux_loss_coeff", "aux_loss_coeff"),
+                    ("moe_z_loss_coeff", "z_loss_coeff"),
+                    ("moe_router_load_balancing_type", "load_balancing_type"),
+                )
+            ),
         ]
     else:
         keys += [

@@ -63,6 +63,8 @@ class MoE:
     # router_aux_loss_coef, counted (as in HF training) only where output_router_logits is true
     aux_loss_coeff: float
     z_loss_coeff: float  # router_z_loss_coef (absent in the Qwen configs: 0)
+    # megatron's moe_router_load_balancing_type; None: "aux_loss" where aux_loss_coeff > 0, else "none"
+    load_balancing_type: str | None = None
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], family: Family) -> MoE:
@@ -108,7 +110,8 @@ class MoE:
             moe_shared_expert_gate=self.shared_expert_size > 0,
             moe_token_dispatcher_type="alltoall",
             moe_grouped_gemm=False,  # SequentialMLP: per-expert linears, HF's per-expert tensors
-            moe_router_load_balancing_type="aux_loss" if self.aux_loss_coeff else "none",
+            moe_router_load_balancing_type=self.load_balancing_type
+            or ("aux_loss" if self.aux_loss_coeff else "none"),
             moe_aux_loss_coeff=self.aux_loss_coeff,
             moe_z_loss_coeff=self.z_loss_coeff or None,
         )
@@ -228,6 +231,21 @@ class ModelArchitecture:
     def with_scalar_head(self) -> ModelArchitecture:
         """The same backbone with a value head instead of the LM head (critic from a policy checkpoint)."""
         return dataclasses.replace(self, head="scalar")
+
+    def with_router_losses(
+        self, aux_loss_coeff: float | None, z_loss_coeff: float | None, load_balancing_type: str | None
+    ) -> ModelArchitecture:
+        """The router's load-balancing and z-loss settings replaced where given (megatron's names; None:
+        the checkpoint's); a dense model is returned as it is."""
+        if self.moe is None:
+            return self
+        given = {
+            "aux_loss_coeff": aux_loss_coeff,
+            "z_loss_coeff": z_loss_coeff,
+            "load_balancing_type": load_balancing_type,
+        }
+        moe = dataclasses.replace(self.moe, **{k: v for k, v in given.items() if v is not None})
+        return dataclasses.replace(self, moe=moe)
 
     def transformer_config(self, layout: ParallelLayout, dtype: str = "fp32", recompute: bool = False):
         """The megatron TransformerConfig for this architecture under `layout`; `recompute` re-runs every

@@ -55,7 +55,9 @@ class MegatronWorker(ModelWorker):
     # ---- model ---------------------------------------------------------------------------------------
 
     def _architecture(self) -> ModelArchitecture:
-        return ModelArchitecture.from_pretrained(self.spec.model.path)
+        moe = self.spec.moe
+        arch = ModelArchitecture.from_pretrained(self.spec.model.path)
+        return arch.with_router_losses(moe.aux_loss_coeff, moe.z_loss_coeff, moe.load_balancing_type)
 
     def _load_chunks(self, recompute: bool) -> list[torch.nn.Module]:
         from megatron.core import parallel_state

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megarl.models.from_hf import ModelArchitecture
+from megarl.models.moe_metrics import router_loss_metrics
 from megarl.workers.model_worker import ModelWorker, from_last_stage
 from megarl.workers.sequences import Sequences
 
@@ -97,6 +99,8 @@ def train_minibatches(
             bad_updates += bool(step.pop("nonfinite"))
             metrics = _sum_over_replica(outs, dp_group, worker.layout.pp)
             metrics.update({k: float(v) for k, v in step.items() if isinstance(v, int | float | bool)})
+            if isinstance(worker.arch, ModelArchitecture) and worker.arch.num_experts:  # megatron MoE
+                metrics.update(router_loss_metrics(worker.arch.num_layers, len(mbs)))
             history.append(metrics)
     # a skipped update (fp16 overflow, NaN/inf) has no usable grad norm or loss: average what was measured
     merged = {}

@@ -1,12 +1,14 @@
 """Rank code for test_checkpoint: the actor's role checkpoint saved and loaded through the worker.
 
-Two rank programs (megarl.distributed.rank_program), argv: HF OTHER_HF DIR (OTHER_HF: another architecture):
+Two rank programs (megarl.distributed.rank_program), argv: HF OTHER_HF DIR MOE_HF (OTHER_HF: another
+architecture; MOE_HF: a tiny Qwen3-MoE):
   save_side (4 ranks, TP2×PP2)   same-layout save → load continues bit-exactly (distributed optimizer
                                  on and off), RNG and the actor's counters come back, bad checkpoints
                                  fail with their message; leaves dir/dist_opt_<flag> and the reference
                                  numbers (one more step on batch A, then the loss on batch B)
+                                 and the MoE saved at EP2 and TP2×EP2+SP (moe_saved)
   load_side (2 ranks)            loads those checkpoints at TP1×PP2 and TP1×PP1 (DP2) and repeats the
-                                 reference's step and loss
+                                 reference's step and loss; the MoE ones at EP1 (moe_resharded)
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from megarl.workers.actor import ActorWorker
 GLOBAL_BATCH, SEQ, STEPS_BEFORE, STEPS_AFTER = 4, 16, 2, 2
 
 
-def actor(hf: str, tp: int, pp: int, dist_opt: bool) -> ActorWorker:
+def actor(hf: str, tp: int, pp: int, dist_opt: bool, ep: int = 1) -> ActorWorker:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = hf, "fp32"
-    cfg.actor.parallel.tp, cfg.actor.parallel.pp = tp, pp
+    cfg.actor.parallel.tp, cfg.actor.parallel.pp, cfg.actor.parallel.ep = tp, pp, ep
+    cfg.actor.parallel.sequence_parallel = tp > 1 and ep > 1
     o = cfg.actor.optimizer
     o.lr, o.min_lr, o.lr_warmup_steps, o.lr_decay_style, o.clip_grad = 1e-3, 1e-4, 1, "cosine", 0.5
     o.use_distributed_optimizer = dist_opt
@@ -198,14 +201,66 @@ def bad_checkpoints(spec: dict) -> dict:
     return {"errors": cases, "frozen": frozen, "params_unchanged_by_failed_loads": unchanged}
 
 
+# MoE: (tp, ep) at which the tiny Qwen3-MoE is saved (4 ranks), per distributed-optimizer flag
+MOE_SAVED = {False: (1, 2), True: (2, 2)}
+
+
+def moe_saved(spec: dict) -> list[dict]:
+    """The tiny Qwen3-MoE saved at EP2 (and TP2×EP2+SP with the distributed optimizer) after two steps; the
+    uninterrupted run's next step (batch A) and loss (batch B), and the same after loading the
+    checkpoint back into the same worker (the same layout: bit-exact)."""
+    results = []
+    for dist_opt, (tp, ep) in MOE_SAVED.items():
+        ckpt = Path(spec["dir"]) / f"moe_dist_opt_{dist_opt}"
+        a = actor(spec["moe_hf"], tp, 1, dist_opt, ep=ep)
+        data = batches(a.arch.vocab_size, STEPS_BEFORE + 2)
+        for tokens in data[:STEPS_BEFORE]:
+            step(a, tokens)
+        a.save_checkpoint(str(ckpt), {"step": STEPS_BEFORE})
+        ref = [step(a, data[-2]), step(a, data[-1], update=False)]
+        report = a.load_checkpoint(str(ckpt))
+        again = [step(a, data[-2]), step(a, data[-1], update=False)]
+        ParallelLayout.destroy()
+        meta = json.loads((ckpt / "megarl_checkpoint.json").read_text())
+        results.append(
+            {
+                "check": f"moe_dist_opt_{dist_opt}",
+                "saved_layout": meta["saved_layout"],
+                "optimizer": report["optimizer"],
+                "ref": ref,
+                "same_layout": again,
+            }
+        )
+    return results
+
+
+def moe_resharded(spec: dict) -> list[dict]:
+    """moe_saved's checkpoints loaded at EP1 (TP1, DP2): the uninterrupted run's next step and loss."""
+    results = []
+    for dist_opt in MOE_SAVED:
+        w = actor(spec["moe_hf"], 1, 1, dist_opt)
+        data = batches(w.arch.vocab_size, STEPS_BEFORE + 2)
+        report = w.load_checkpoint(str(Path(spec["dir"]) / f"moe_dist_opt_{dist_opt}"))
+        results.append(
+            {
+                "check": f"moe_ep1_dist_opt_{dist_opt}",
+                "optimizer": report["optimizer"],
+                "num_updates": w.optimizer.num_updates,
+                "resumed": [step(w, data[-2]), step(w, data[-1], update=False)],
+            }
+        )
+        ParallelLayout.destroy()
+    return results
+
+
 def _spec(argv: list[str]) -> dict:
-    return dict(zip(("hf", "other_hf", "dir"), argv))
+    return dict(zip(("hf", "other_hf", "dir", "moe_hf"), argv))
 
 
 def save_side(argv: list[str]) -> list[dict]:
     spec = _spec(argv)
     results = [{"check": f"same_layout_dist_opt_{flag}", **same_layout(spec, flag)} for flag in (False, True)]
-    return [*results, {"check": "bad_checkpoints", **bad_checkpoints(spec)}]
+    return [*results, {"check": "bad_checkpoints", **bad_checkpoints(spec)}, *moe_saved(spec)]
 
 
 def load_side(argv: list[str]) -> list[dict]:
@@ -229,4 +284,4 @@ def load_side(argv: list[str]) -> list[dict]:
                 }
             )
             ParallelLayout.destroy()
-    return results
+    return [*results, *moe_resharded(spec)]

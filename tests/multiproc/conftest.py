@@ -129,12 +129,18 @@ def perturbed_qwen2(tiny_models, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def checkpoint_spec(tiny_models, tmp_path_factory) -> list:
-    """test_checkpoint's argv (HF OTHER_HF DIR): its save side runs in the shared 4-rank launch, its load
-    side in the shared 2-rank launch reading the same DIR, so both must see one spec."""
+    """test_checkpoint's argv (HF OTHER_HF DIR MOE_HF): its save side runs in the shared 4-rank launch, its
+    load side in the shared 2-rank launch reading the same DIR, so both must see one spec."""
     from megarl.models.tiny import build_tiny_hf
 
     other = build_tiny_hf(tmp_path_factory.mktemp("other") / "llama", hidden_size=64, num_hidden_layers=2)
-    return [tiny_models["llama"], other, tmp_path_factory.mktemp("ckpt")]
+    moe = build_tiny_hf(
+        tmp_path_factory.mktemp("moe") / "qwen3_moe",
+        family="qwen3_moe",
+        num_hidden_layers=2,
+        initializer_range=0.1,
+    )
+    return [tiny_models["llama"], other, tmp_path_factory.mktemp("ckpt"), moe]
 
 
 @pytest.fixture(scope="session")

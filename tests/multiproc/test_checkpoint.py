@@ -1,7 +1,8 @@
 """The actor's role checkpoint (weights, optimizer, LR schedule, RNG, counters) through the worker: the
 save side, in the 4-rank launch shared with other modules (tests/multiproc/conftest.py), saves at TP2×PP2
 and checks the same-layout resume and the bad-checkpoint errors; the load side, in the shared 2-rank launch,
-loads the same checkpoints at TP1×PP2 and TP1×PP1 (DP2)."""
+loads the same checkpoints at TP1×PP2 and TP1×PP1 (DP2). A tiny Qwen3-MoE saved at EP2 (and TP2×EP2+SP)
+resumes at EP1."""
 
 import pytest
 
@@ -120,3 +121,14 @@ def test_tp2pp2_checkpoint_reshards_model_and_optimizer(saved, resharded, layout
     # after one more update: wrong Adam moments or steps would show far above this tolerance
     assert r["loss"] == pytest.approx(ref["ref_loss"], rel=1e-5)
     assert r["sampling_step"] == 7 and not r["generator"]  # counters carry over, random states do not
+
+
+@pytest.mark.parametrize("dist_opt", [False, True])
+def test_moe_checkpoint_saved_at_ep2_resumes_at_ep1(saved, resharded, dist_opt):
+    ref = saved[f"moe_dist_opt_{dist_opt}"]
+    assert ref["saved_layout"] == ("tp2xpp1xdp2xep2xsp" if dist_opt else "tp1xpp1xdp4xep2")
+    assert ref["same_layout"] == ref["ref"]  # loaded back at the saved layout: bit-exact
+    r = resharded[f"moe_ep1_dist_opt_{dist_opt}"]
+    assert r["optimizer"] == "loaded" and r["num_updates"] == 2
+    # the uninterrupted run's next step (batch A) and, after it, the loss on batch B
+    assert r["resumed"] == pytest.approx(ref["ref"], rel=1e-5)

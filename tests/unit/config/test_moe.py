@@ -1,12 +1,17 @@
 """`actor.router_replay` in the config: verl's key lands on it, and the modes that replay routes are
-refused, with the fix, where megarl cannot honour them (megarl.config.moe_checks)."""
+refused, with the fix, where megarl cannot honour them (megarl.config.moe_checks); `<role>.moe`'s router
+losses: verl's megatron overrides land on them and they reach megatron's TransformerConfig fields."""
 
 import pytest
 
 from megarl.config import ConfigError, load_config
 from megarl.config.moe_checks import check_router_replay
 from megarl.config.parallel_checks import ModelDims
+from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
+from megarl.config.schema_moe import MoeRouterConfig
+from megarl.models.from_hf import ModelArchitecture
+from megarl.models.tiny import tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +98,38 @@ def test_r3_asks_the_engine_for_routes():
 
     assert rollout_spec(load("actor.router_replay.mode=R3")).return_routes
     assert not rollout_spec(load("actor.router_replay.mode=R2")).return_routes
+
+
+def test_router_losses_default_to_the_checkpoints_and_verls_megatron_overrides_set_them():
+    assert load().actor.moe == MoeRouterConfig()
+    verl = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    cfg = load(
+        f"{verl}.moe_aux_loss_coeff=0.01",
+        f"{verl}.moe_z_loss_coeff=0.001",
+        f"{verl}.moe_router_load_balancing_type=seq_aux_loss",
+        "critic.megatron.override_transformer_config.moe_aux_loss_coeff=0.02",
+    )
+    assert cfg.actor.moe == MoeRouterConfig(0.01, 0.001, "seq_aux_loss")
+    assert cfg.critic.moe.aux_loss_coeff == 0.02
+    assert role_spec(cfg, "actor").moe == cfg.actor.moe and role_spec(cfg, "ref").moe == MoeRouterConfig()
+    assert any("actor.moe.z_loss_coeff=-1.0 must be ≥ 0" in p for p in problems("actor.moe.z_loss_coeff=-1"))
+    assert any(
+        "sinkhorn" in p and "seq_aux_loss" in p for p in problems("actor.moe.load_balancing_type=sinkhorn")
+    )
+
+
+def test_router_losses_reach_megatrons_transformer_config_fields():
+    hf = tiny_config("qwen3_moe").to_dict()
+    arch = ModelArchitecture.from_hf_config(hf)
+    assert arch.moe.transformer_config_fields()["moe_router_load_balancing_type"] == "none"  # no logits out
+    logits_out = ModelArchitecture.from_hf_config({**hf, "output_router_logits": True})
+    coef = hf["router_aux_loss_coef"]
+    assert logits_out.moe.transformer_config_fields()["moe_aux_loss_coeff"] == coef
+    assert logits_out.moe.transformer_config_fields()["moe_router_load_balancing_type"] == "aux_loss"
+    fields = arch.with_router_losses(0.01, 0.001, None).moe.transformer_config_fields()
+    assert (fields["moe_aux_loss_coeff"], fields["moe_z_loss_coeff"]) == (0.01, 0.001)
+    assert fields["moe_router_load_balancing_type"] == "aux_loss"
+    fields = logits_out.with_router_losses(None, None, "none").moe.transformer_config_fields()
+    assert fields["moe_router_load_balancing_type"] == "none" and fields["moe_aux_loss_coeff"] == coef
+    dense = ModelArchitecture.from_hf_config(tiny_config("qwen3").to_dict())
+    assert dense.with_router_losses(0.01, None, None) is dense
