@@ -10,8 +10,9 @@ megatron's parallel_state for the current process.
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -277,10 +278,32 @@ class ParallelLayout:
             for group in set(_process_groups()) - set(_groups_before_megatron):
                 dist.destroy_process_group(group)
             _groups_before_megatron.clear()
+        # a destroyed gloo group's threads end only when its last reference goes: let go of what the
+        # layout's models hold (they are unusable without their groups)
+        for release in _releases:
+            release()
+        _forget_rotary_tables()
+        gc.collect()
+
+    @staticmethod
+    def on_destroy(release: Callable[[], None]) -> None:
+        """Run `release` at every teardown of the layout: for what is built under a layout and would
+        otherwise keep its process groups alive (each gloo group holds 3 threads and its sockets)."""
+        if release not in _releases:
+            _releases.append(release)
 
 
 _groups_before_megatron: list = []
+_releases: list[Callable[[], None]] = []
 _active: list[ParallelLayout] = []
+
+
+def _forget_rotary_tables() -> None:
+    """Megatron caches rotary tables per (embedding, length) in a class-level lru_cache, which holds the
+    embeddings, and through them their context-parallel groups, past their model's life."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    RotaryEmbedding.forward.cache_clear()
 
 
 def _process_groups() -> list:
