@@ -75,7 +75,9 @@ def _launch(request, torchrun, attribute: str, order: tuple[str, ...], nproc: in
     # what each part costs (pytest -s shows it): where to look when the launch grows
     print(
         f"\nshared {nproc}-rank launch:",
-        ", ".join(f"{name} {part['seconds']} s" for name, part in results.items()),
+        ", ".join(
+            f"{name} {part['seconds']} s ({part['threads']} threads)" for name, part in results.items()
+        ),
     )
     return results
 

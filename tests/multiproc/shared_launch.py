@@ -3,7 +3,8 @@
 and megatron imported by 4 processes), more than the checks of some modules.
 
 argv: a JSON list of [name, "module[:function]", argv] run in that order on every rank. Rank 0 returns
-{name: {"result": what the part returned} or {"error": …, "traceback": …}, with "seconds" it took}: a part that raises on every
+{name: {"result": what the part returned} or {"error": …, "traceback": …}, with "seconds" it took and the
+"threads" the process holds after it (a part that leaves process groups alive shows here: each gloo group holds 3)}: a part that raises on every
 rank is reported and the next one runs. (A part raising on some ranks only leaves the others waiting in
 a collective: the launch then times out, and every part's tests fail with the ranks' output.)
 """
@@ -29,6 +30,12 @@ def forget_dtensor_shardings() -> None:
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
 
 
+def _os_threads() -> int:
+    """This process's threads as the OS counts them (gloo's and vLLM's C++ threads included)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
 def main(argv: list[str]) -> dict:
     (parts,) = argv
     results: dict = {}
@@ -41,4 +48,5 @@ def main(argv: list[str]) -> dict:
             traceback.print_exc()
             results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         results[name]["seconds"] = round(time.monotonic() - start, 1)
+        results[name]["threads"] = _os_threads()
     return results
