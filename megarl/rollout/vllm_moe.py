@@ -105,7 +105,7 @@ def expert_layers(model: torch.nn.Module) -> dict[str, set[str]]:
         names = set()
         # (param "experts.w13_", checkpoint "experts.{e}.gate_proj.", ...): both relative to the runner's parent
         for param, checkpoint, expert, _ in experts.get_expert_mapping():
-            if experts._map_global_expert_id_to_local_expert_id(expert) < 0:
+            if not experts.expert_map_manager.is_local_expert(expert):
                 continue  # another engine rank's expert (expert parallelism)
             stem = param.rpartition(".")[2]
             names.update(
