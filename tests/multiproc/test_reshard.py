@@ -2,7 +2,9 @@
 
 One rank program (tests/multiproc/reshard_checks.py, in the 4-rank launch shared with other modules:
 tests/multiproc/conftest.py) covers the layouts of issue 5: (t=2,p=2)->t_g 1|2, (t=2,p=1)->1|2,
-(t=1,p=2)->1, (t=4,p=1)->2, each zero-redundancy and naive.
+(t=1,p=2)->1, (t=4,p=1)->2, each zero-redundancy and naive; a Qwen3-MoE at EP2/EP4 (with TP2 or PP2) into
+engines with TP-sharded experts, and at TP2×EP2 and TP2×PP2 into an engine with expert parallelism (whole
+experts, a block per engine rank).
 """
 
 import pytest
