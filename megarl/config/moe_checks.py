@@ -66,3 +66,30 @@ def check_moe_router(cfg: MegarlConfig, problems: list[str]) -> None:
                 problems.append(
                     f"{role}.moe.{name}={value} must be ≥ 0 (0 = no such loss; unset = the checkpoint's)"
                 )
+
+
+def check_rollout_expert_parallel(cfg: MegarlConfig, dims: ModelDims | None, problems: list[str]) -> None:
+    """Problems of `rollout.expert_parallel_size` (vLLM's enable_expert_parallel over the engine's TP ranks);
+    `dims` = the actor's model (None = unread)."""
+    r = cfg.rollout
+    if r.expert_parallel_size == 1:
+        return
+    key = f"rollout.expert_parallel_size={r.expert_parallel_size}"
+    if r.expert_parallel_size != r.tp:
+        problems.append(
+            f"{key}: an engine's experts split over its TP ranks (vLLM's enable_expert_parallel, one "
+            f"replica per engine), so it must equal rollout.tp={r.tp}; set it to {r.tp} or 1"
+        )
+    if dims is not None and dims.num_experts == 0:
+        problems.append(f"{key}: model.path is a dense model; set rollout.expert_parallel_size=1")
+    elif dims is not None and dims.num_experts % r.expert_parallel_size:
+        problems.append(
+            f"{key} does not divide the model's {dims.num_experts} routed experts (each engine rank holds a "
+            "contiguous block of whole experts); use a divisor of it or 1"
+        )
+    if cfg.actor.backend != "megatron" or r.placement != "colocated":
+        problems.append(
+            f"{key}: only the megarl actor's colocated engine (actor.backend=megatron, "
+            "rollout.placement=colocated) sends each engine rank its block of whole experts; set "
+            "rollout.expert_parallel_size=1"
+        )

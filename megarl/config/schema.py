@@ -313,6 +313,7 @@ class RolloutConfig(SamplingConfig):
 
     engine: RolloutEngine = "vllm"  # generation engine
     tp: int = 1  # generation tensor-parallel size (t_g); divides actor.parallel.tp and key/value heads
+    expert_parallel_size: int = 1  # verl's; = rollout.tp: whole experts split over the engine (schema_moe)
     # base of the per-request sampling seeds (each generate call and each prompt gets its own, derived
     # from this, the generation replica and the call count); None = trainer.seed
     seed: int | None = None
@@ -328,8 +329,7 @@ class RolloutConfig(SamplingConfig):
     calculate_log_probs: bool | None = None
     # weight sync (3D-HybridEngine): tensors are streamed into the engine in buckets of about this size
     reshard_bucket_mib: int = 256
-    # weight sync by full all-gather of every tensor to every rank instead of the zero-redundancy plan
-    # (a baseline for benchmarks and tests)
+    # weight sync by full all-gather of every tensor to every rank (a baseline for benchmarks and tests)
     naive_reshard: bool = False
     # where the engines run. colocated: inside the actor's processes, the training shards regrouped into
     # the engine in place before each generation (the 3D-HybridEngine). separate: a pool of their own

@@ -7,6 +7,11 @@ to other experts (different kernels, different sums), so the trainer's log-probs
 samples were drawn from. Replaying routes makes the trainer's forwards take the experts given; the
 gating weights are recomputed from the trainer's own router logits at those experts, so the router
 still trains. A token without a route (-1) is routed live.
+
+The engine's own expert parallelism is `rollout.expert_parallel_size` (verl's key, in RolloutConfig): 1, or
+= rollout.tp for vLLM's enable_expert_parallel, where engine TP rank j holds the j-th contiguous block of
+whole experts (dense layers stay TP-sharded) and the weight sync sends it that block only, point to point
+(megarl.hybrid.reshard). Megatron actor, colocated engine only; the rules: megarl.config.moe_checks.
 """
 
 from __future__ import annotations

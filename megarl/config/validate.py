@@ -22,7 +22,7 @@ from megarl.config.field_checks import check_choices, non_finite_numbers
 from megarl.config.lengths import check_sequence_length
 from megarl.config.lora_checks import check_lora
 from megarl.config.machine import check_machine
-from megarl.config.moe_checks import check_moe_router, check_router_replay
+from megarl.config.moe_checks import check_moe_router, check_rollout_expert_parallel, check_router_replay
 from megarl.config.parallel_checks import ModelDims, check_worker_group, load_dims, read_model_dims
 from megarl.config.placement import Placement, check_placement
 from megarl.config.schema import MegarlConfig, OptimizerConfig, SamplingConfig
@@ -141,6 +141,7 @@ def validate(cfg: MegarlConfig, check_paths: bool = True) -> None:
     check_lora(cfg, problems, check_paths)
     check_router_replay(cfg, dims.get("actor"), problems)
     check_moe_router(cfg, problems)
+    check_rollout_expert_parallel(cfg, dims.get("actor"), problems)
     check_async(cfg, problems)
     check_multi_turn(cfg, problems, check_paths)
     if problems:

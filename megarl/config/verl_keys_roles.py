@@ -204,7 +204,7 @@ ROLE_KEYS: tuple[VerlKey, ...] = (
         "megarl's engine gets the actor's weights by resharding (rollout.reshard_bucket_mib)",
     ),
     ignored(f"{RO}.data_parallel_size", "megarl's engine replicas follow the actor's data-parallel size"),
-    ignored(f"{RO}.expert_parallel_size", "megarl's engine uses rollout.tp only"),
+    maps(f"{RO}.expert_parallel_size", "rollout.expert_parallel_size"),
     ignored(f"{RO}.pipeline_model_parallel_size", "megarl's engine uses rollout.tp only"),
     ignored(f"{RO}.over_sample_rate", "megarl waits for every sample"),
     ignored(f"{RO}.multi_stage_wake_up", "megarl's hybrid engine wakes the engine in one stage"),

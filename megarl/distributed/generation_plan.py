@@ -35,7 +35,9 @@ every expert TP-sharded like the dense layers (`gen_ep=False`, vLLM's default) o
 its TP ranks (`gen_ep=True`, vLLM's enable_expert_parallel: generation TP rank j holds experts
 [j·E/t_g, (j+1)·E/t_g)). `expert_received_bytes` is what a rank needs of one expert's tensor, less what it
 holds. With gen_ep=False one schedule meets it: the PP broadcast, a
-broadcast of each expert's shard from its EP rank over the EP group, then the dense gather.
+broadcast of each expert's shard from its EP rank over the EP group, then the dense gather. With gen_ep
+another does: each training TP shard of an expert goes point to point from one rank holding it to each
+rank whose block holds the expert and lacks that shard (megarl.hybrid.reshard).
 """
 
 from __future__ import annotations

@@ -15,7 +15,13 @@ For every parameter of the model, in one global order that all ranks share:
                      (vLLM's `reload_weights`) narrows each full tensor to its shard; a CPU engine of
                      one TP rank takes the tensors whole (`megarl.rollout.vllm_cpu_load`).
 Tensors are handed out in buckets of about `bucket_bytes`; the parts of one module (q, k, v and their
-biases; gate, up) always share a bucket, because pushing half of an engine layer corrupts it.
+biases; gate, up; every expert of an MoE block) always share a bucket, because pushing half of an engine
+layer corrupts it.
+
+An engine with expert parallelism (`plan.gen_ep`, vLLM's enable_expert_parallel) holds whole experts of
+its block instead: each routed expert's training TP shards go point to point from a rank holding them
+(on the owning stage, in its expert-parallel rank, the receiver's expert-data-parallel index) to each
+rank whose block holds the expert and lacks that shard; the others see none of that expert's tensors.
 
 Every rank counts the bytes it receives; `GenerationPlan.received_bytes` gives the floor for the same
 parameters, so `stats.ratio` is 1.00 for this path. The naive path (`naive=True`) all-gathers every
@@ -138,11 +144,15 @@ class Resharder:
         self.pp_ranks = plan.layout.pp_group_ranks(self.rank)  # indexed by stage
         self.tp_group = ps.get_tensor_model_parallel_group()
         if arch.num_experts:
-            if plan.gen_ep:
-                raise NotImplementedError("resharding into an engine with expert parallelism (gen_ep)")
             self.ep_group = ps.get_expert_model_parallel_group()
             self.ep_ranks = plan.layout.ep_group_ranks(self.rank)  # indexed by EP rank
             self.my_experts = plan.training_experts(self.rank, arch.num_experts)
+            self.expert_holders = _expert_holders(plan)
+            # gen_ep: expert -> the ranks whose engine block holds it
+            self.block_ranks = {
+                x: [r for r in range(plan.layout.world_size) if x in plan.engine_experts(r, arch.num_experts)]
+                for x in range(arch.num_experts)
+            }
         self.gather_group = None
         for ranks in plan.gather_groups:  # every rank creates every group, in the same order
             group = dist.new_group(ranks, timeout=collective_timeout()) if len(ranks) > 1 else None
@@ -174,8 +184,10 @@ class Resharder:
                 yield self._flush(bucket, size, stats)
                 bucket, size = [], 0
             module = module_of(entry.name)
-            shard = self._on_this_stage(entry, stats)
-            tensors = self._to_hf(entry, shard, stats)
+            if self.plan.gen_ep and entry.expert is not None and not self.naive:
+                tensors = self._whole_expert(entry, stats)  # [] outside this rank's block
+            else:
+                tensors = self._to_hf(entry, self._on_this_stage(entry, stats), stats)
             bucket.extend(tensors)
             size += sum(t.numel() * t.element_size() for _, t in tensors)
         if bucket:
@@ -222,6 +234,44 @@ class Resharder:
         stats.seconds["pp_broadcast"] += time.perf_counter() - start
         return shard
 
+    def _whole_expert(self, entry: ParamEntry, stats: ReshardStats) -> HFBucket:
+        """gen_ep: the whole HF tensors of a routed expert for the ranks whose engine block holds it, each
+        training TP shard they lack sent point to point by one rank holding it; [] elsewhere."""
+        start = time.perf_counter()
+        param, hf_names = llama.param_map(entry.name, self.arch)
+        layout, experts = self.plan.layout, self.arch.num_experts
+        stats.floor_bytes += self.plan.expert_received_bytes(
+            self.rank,
+            math.prod(entry.shape) * entry.dtype.itemsize * layout.tp,
+            entry.expert,
+            experts,
+            param.kind,
+            entry.owners[0],
+        )
+        ep_rank = entry.expert // len(self.my_experts)
+        block_ranks = self.block_ranks[entry.expert]
+        pieces: list[torch.Tensor | None] = [None] * layout.tp
+        ops = []
+        for receiver in block_ranks:
+            _, edp = layout.expert_coordinates(receiver)
+            for i in range(layout.tp):
+                holders = self.expert_holders[(entry.owners[0], ep_rank, i)]
+                source = receiver if receiver in holders else holders[edp % len(holders)]
+                if source == self.rank:
+                    shard = self.replaced.get(entry.name, self.local[entry.name]).detach().contiguous()
+                    if receiver == self.rank:
+                        pieces[i] = shard
+                    else:
+                        ops.append(dist.isend(shard, receiver))
+                elif receiver == self.rank:
+                    pieces[i] = torch.empty(entry.shape, dtype=entry.dtype, device=platform().device)
+                    ops.append(dist.irecv(pieces[i], source))
+                    stats.received_bytes += pieces[i].numel() * pieces[i].element_size()
+        for op in ops:
+            op.wait()
+        stats.seconds["gather"] += time.perf_counter() - start
+        return _hf_regions(param, hf_names, pieces, 0, 1, self.arch) if self.rank in block_ranks else []
+
     def _to_hf(self, entry: ParamEntry, shard: torch.Tensor, stats: ReshardStats) -> HFBucket:
         start = time.perf_counter()
         param, hf_names = llama.param_map(entry.name, self.arch)
@@ -252,6 +302,17 @@ class Resharder:
         dist.all_gather(pieces, shard, group=group)
         stats.received_bytes += (size - 1) * shard.numel() * shard.element_size()
         return pieces
+
+
+def _expert_holders(plan: GenerationPlan) -> dict[tuple[int, int, int], list[int]]:
+    """(PP stage, expert-parallel rank, TP rank) -> the ranks holding that TP shard of that EP rank's
+    experts on that stage (one per expert-data-parallel replica, in that order)."""
+    holders: dict[tuple[int, int, int], list[int]] = {}
+    for rank in range(plan.layout.world_size):
+        c = plan.layout.coordinates(rank)
+        ep_rank, edp = plan.layout.expert_coordinates(rank)
+        holders.setdefault((c.pp, ep_rank, c.tp), []).append((edp, rank))
+    return {key: [r for _, r in sorted(members)] for key, members in holders.items()}
 
 
 def hf_pieces(
@@ -310,4 +371,7 @@ def _place(local: torch.Tensor, region: int, parts: int, dim: int) -> torch.Tens
 
 
 def module_of(name: str) -> str:
-    return name.rsplit(".", 1)[0]
+    """The engine layer a megatron parameter fills: its module, or for a routed expert the MoE block's
+    experts (one fused engine layer holds every expert of a block)."""
+    head, sep, _ = name.partition(".local_experts.")
+    return head if sep else name.rsplit(".", 1)[0]

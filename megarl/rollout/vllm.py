@@ -52,6 +52,7 @@ from megarl.rollout.vllm_moe import (
     expert_layers,
     install_route_recorder,
     is_moe,
+    local_expert_ids_on_cpu,
     repack_experts_on_update,
     rollout_routes,
     take_routes,
@@ -222,6 +223,8 @@ class VLLMRollout(Rollout):
                 "recording routes (actor.router_replay.mode=R3) hooks the routers in Python, which CUDA "
                 "graphs would skip: set rollout.enforce_eager=true"
             )
+        if self.cfg.rollout.expert_parallel_size > 1 and not platform().is_cuda:
+            local_expert_ids_on_cpu()
         spare_default_process_group()
         with engine_call(), given_tp_groups(self.tp_groups):
             llm = LLM(**self.engine_kwargs, distributed_executor_backend="external_launcher")
@@ -251,6 +254,7 @@ class VLLMRollout(Rollout):
             trust_remote_code=cfg.model.trust_remote_code,
             dtype=hf_name(cfg.model.dtype),
             tensor_parallel_size=r.tp,
+            enable_expert_parallel=r.expert_parallel_size > 1,
             seed=self.seed,
             max_model_len=cfg.max_prompt_length + longest,
             max_num_seqs=r.max_num_seqs,

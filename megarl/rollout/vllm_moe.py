@@ -10,6 +10,13 @@ silently wrong), or the copy fails with a size mismatch where the padding change
 every expert of an MoE block, and a push that sends part of them leaves it half-loaded (NaN outputs):
 `expert_layers` names its checkpoint tensors so that `VLLMRollout.load_weights` refuses such a push.
 
+Expert parallelism (`rollout.expert_parallel_size` = rollout.tp: vLLM's enable_expert_parallel, each
+engine rank holding a contiguous block of whole experts). vLLM 0.32's CPU kernel
+(`CPUUnquantizedExperts.apply`) is handed the expert map and ignores it: it indexes the rank's local
+experts with the router's global ids and reads past them (the process dies). `local_expert_ids_on_cpu`
+maps the ids to local ones first. Each rank's push carries its block only; vLLM's weight loader takes
+global expert ids and skips the others, and `expert_layers` lists the block's tensors only.
+
 Routes. vLLM's own `enable_return_routed_experts` needs Model Runner V2 (triton), so it cannot run on CPU.
 `RouteRecorder` hooks every MoE router's capture callback instead and files each step's top-k expert ids
 by (engine request, token position), from the model runner's batch buffers at forward time. A prefix-cache
@@ -58,10 +65,34 @@ def repack_experts_on_update() -> None:
     Method._setup_kernel = setup_kernel
 
 
+def local_expert_ids_on_cpu() -> None:
+    """CPU shim (process-wide, idempotent) for vLLM's expert parallelism: CPU unquantized experts receive
+    the router's ids mapped through the expert map, a route to another rank's expert kept as local id 0
+    with weight 0 (that rank adds its share in the engine's all-reduce). GPU kernels honour the map
+    themselves and are left alone; quantized CPU experts refuse expert maps in vLLM already."""
+    check_vllm_version()
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts as Experts
+
+    apply = Experts.apply
+    if getattr(apply, "megarl_local_ids", False):
+        return
+
+    def mapped(self, *args, topk_weights, topk_ids, expert_map, **kwargs):  # vLLM passes keywords
+        if expert_map is not None:
+            local = expert_map[topk_ids.long()]
+            topk_weights = topk_weights.masked_fill(local < 0, 0.0)
+            topk_ids = local.clamp(min=0).to(topk_ids.dtype)
+        return apply(self, *args, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=None, **kwargs)
+
+    mapped.megarl_local_ids = True
+    Experts.apply = mapped
+
+
 def expert_layers(model: torch.nn.Module) -> dict[str, set[str]]:
     """For each fused-experts layer of an engine model (`...mlp.experts.routed_experts`), the Hugging Face
-    names of every tensor that fills it (`...mlp.experts.{e}.{gate,up,down}_proj.weight` for every expert):
-    a push that sends part of them leaves the layer half-loaded (its outputs NaN). {} for a dense model."""
+    names of every tensor that fills it (`...mlp.experts.{e}.{gate,up,down}_proj.weight` for every expert
+    it holds: all, or under expert parallelism its block): a push that sends part of them leaves the
+    layer half-loaded (its outputs NaN). {} for a dense model."""
     check_vllm_version()
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
@@ -73,7 +104,9 @@ def expert_layers(model: torch.nn.Module) -> dict[str, set[str]]:
         own = [name for name, _ in experts.named_parameters(recurse=False)]
         names = set()
         # (param "experts.w13_", checkpoint "experts.{e}.gate_proj.", ...): both relative to the runner's parent
-        for param, checkpoint, _, _ in experts.get_expert_mapping():
+        for param, checkpoint, expert, _ in experts.get_expert_mapping():
+            if not experts.expert_map_manager.is_local_expert(expert):
+                continue  # another engine rank's expert (expert parallelism)
             stem = param.rpartition(".")[2]
             names.update(
                 f"{path.rpartition('.')[0]}.{checkpoint}{n[len(stem) :]}" for n in own if n.startswith(stem)

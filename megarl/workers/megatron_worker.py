@@ -111,7 +111,8 @@ class MegatronWorker(ModelWorker):
         from megarl.distributed.generation_plan import GenerationPlan
         from megarl.hybrid.reshard import Resharder
 
-        plan = GenerationPlan.for_layout(self.layout, rollout.tp, self.arch.num_kv_heads)
+        gen_ep = rollout.expert_parallel_size > 1  # whole experts per engine rank (vLLM's expert parallelism)
+        plan = GenerationPlan.for_layout(self.layout, rollout.tp, self.arch.num_kv_heads, gen_ep=gen_ep)
         source = Resharder(
             self.chunks,
             self.arch,

@@ -46,6 +46,7 @@ ORDER_2 = (
     "checkpoint_load",
     "lora_checkpoint",
     "fsdp_checkpoint",
+    "vllm_moe_ep",
     "fsdp_sync_engine",
 )
 ORDER_1 = (

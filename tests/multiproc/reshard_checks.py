@@ -1,6 +1,7 @@
 """Rank code for test_reshard: training shards -> generation-TP shards of HF tensors, on 4 ranks.
 
-argv: POLICY_HF MOE_HF. For each (t, p) -> t_g of issue 5 (and each (t, p, ep) -> t_g of a Qwen3-MoE), every rank reshards its freshly loaded model and
+argv: POLICY_HF MOE_HF. For each (t, p) -> t_g of issue 5 (and each (t, p, ep) -> t_g of a Qwen3-MoE, with the
+engine's experts TP-sharded or, gen_ep, whole in blocks), every rank reshards its freshly loaded model and
 checks each HF tensor's engine region (what vLLM's loader narrows for generation TP rank g) against the
 HF checkpoint, bit for bit; and counts bytes received against the plan's floor, zero-redundancy vs naive.
 """
@@ -20,6 +21,14 @@ from megarl.workers.reference import ReferenceWorker
 CASES = {(2, 2): (1, 2), (2, 1): (1, 2), (1, 2): (1,), (4, 1): (2,)}
 # a mixture-of-experts model with expert parallelism: (tp, pp, ep) -> generation TPs (experts TP-sharded)
 MOE_CASES = {(1, 1, 2): (1,), (2, 1, 2): (1, 2), (1, 2, 2): (1,), (1, 1, 4): (1,)}
+# ... into an engine with expert parallelism (gen_ep: whole experts, a block per generation TP rank)
+GEN_EP_CASES = {(2, 1, 2): (2,), (2, 2, 1): (2,)}
+
+
+def routed_expert(name: str) -> int | None:
+    """The global expert index of a routed expert's HF tensor (`...mlp.experts.{e}....`), else None."""
+    head, _, tail = name.partition(".mlp.experts.")
+    return int(tail.split(".")[0]) if head and tail else None
 
 
 def engine_region(name: str, full: torch.Tensor, g: int, t_g: int, padded_vocab: int) -> torch.Tensor:
@@ -34,7 +43,9 @@ def engine_region(name: str, full: torch.Tensor, g: int, t_g: int, padded_vocab:
     return full.chunk(t_g, dim=0)[g]  # q/k/v (weights, biases), gate, up
 
 
-def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...], ep: int = 1) -> dict:
+def check(
+    hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...], ep: int = 1, ep_gen_tps: tuple[int, ...] = ()
+) -> dict:
     cfg = MegarlConfig()
     cfg.model.path, cfg.model.dtype = hf_dir, "fp32"
     cfg.actor.parallel.tp, cfg.actor.parallel.pp, cfg.actor.parallel.ep = tp, pp, ep
@@ -43,24 +54,34 @@ def check(hf_dir: str, tp: int, pp: int, gen_tps: tuple[int, ...], ep: int = 1) 
     reader = HFCheckpointReader(hf_dir)
     padded_vocab = _padded_vocab(worker)
     out = {}
-    for t_g in gen_tps:
-        plan = GenerationPlan.for_layout(worker.layout, t_g, worker.arch.num_kv_heads)
+    for t_g, gen_ep in [(t, False) for t in gen_tps] + [(t, True) for t in ep_gen_tps]:
+        plan = GenerationPlan.for_layout(worker.layout, t_g, worker.arch.num_kv_heads, gen_ep=gen_ep)
         g = plan.gen_tp_rank(dist.get_rank())
-        for naive in (False, True):
+        # gen_ep: this rank's engine holds its block of experts whole, and no other expert
+        block = plan.engine_experts(dist.get_rank(), worker.arch.num_experts) if gen_ep else None
+        for naive in (False,) if gen_ep else (False, True):
             stats = ReshardStats()
             resharder = Resharder(worker.chunks, worker.arch, plan, bucket_bytes=256 << 10, naive=naive)
             worst, names = 0.0, set()
             for bucket in resharder.buckets(stats):
                 for name, tensor in bucket:
                     names.add(name)
-                    expected = engine_region(name, reader.get(name), g, t_g, padded_vocab)
-                    got = engine_region(name, tensor, g, t_g, padded_vocab)
+                    if block is not None and routed_expert(name) is not None:
+                        assert routed_expert(name) in block, f"{name} sent outside the engine's block"
+                        expected, got = reader.get(name), tensor
+                    else:
+                        expected = engine_region(name, reader.get(name), g, t_g, padded_vocab)
+                        got = engine_region(name, tensor, g, t_g, padded_vocab)
                     worst = max(worst, (got - expected).abs().max().item())
-            missing = sorted(set(reader.names()) - names - {"lm_head.weight"})
+            others = {
+                n for n in reader.names() if block is not None and routed_expert(n) not in (None, *block)
+            }
+            missing = sorted(set(reader.names()) - names - others - {"lm_head.weight"})
             totals = torch.tensor([stats.received_bytes, stats.floor_bytes], dtype=torch.float64)
             per_rank = [torch.zeros_like(totals) for _ in range(dist.get_world_size())]
             dist.all_gather(per_rank, totals)
-            out[f"t{tp}p{pp}{f'e{ep}' if ep > 1 else ''}->tg{t_g}{'-naive' if naive else ''}"] = {
+            experts = f"e{ep}" if ep > 1 or ep_gen_tps else ""
+            out[f"t{tp}p{pp}{experts}->tg{t_g}{'ep' if gen_ep else ''}{'-naive' if naive else ''}"] = {
                 "max_abs_diff": _world_max(worst),
                 "missing": missing,
                 "received": [int(r[0]) for r in per_rank],
@@ -94,6 +115,8 @@ def main(argv: list[str]) -> dict:
     results = {}
     for (tp, pp), gen_tps in CASES.items():
         results.update(check(hf_dir, tp, pp, gen_tps))
-    for (tp, pp, ep), gen_tps in MOE_CASES.items():
-        results.update(check(moe_dir, tp, pp, gen_tps, ep))
+    for tp, pp, ep in {**MOE_CASES, **GEN_EP_CASES}:
+        results.update(
+            check(moe_dir, tp, pp, MOE_CASES.get((tp, pp, ep), ()), ep, GEN_EP_CASES.get((tp, pp, ep), ()))
+        )
     return results

@@ -2,7 +2,9 @@
 
 One rank program (tests/multiproc/reshard_checks.py, in the 4-rank launch shared with other modules:
 tests/multiproc/conftest.py) covers the layouts of issue 5: (t=2,p=2)->t_g 1|2, (t=2,p=1)->1|2,
-(t=1,p=2)->1, (t=4,p=1)->2, each zero-redundancy and naive.
+(t=1,p=2)->1, (t=4,p=1)->2, each zero-redundancy and naive; a Qwen3-MoE at EP2/EP4 (with TP2 or PP2) into
+engines with TP-sharded experts, and at TP2×EP2 and TP2×PP2 into an engine with expert parallelism (whole
+experts, a block per engine rank).
 """
 
 import pytest
@@ -15,6 +17,8 @@ CASES = ["t2p2->tg1", "t2p2->tg2", "t2p1->tg1", "t2p1->tg2", "t1p2->tg1", "t4p1-
 
 
 MOE_CASES = ["t1p1e2->tg1", "t2p1e2->tg1", "t2p1e2->tg2", "t1p2e2->tg1", "t1p1e4->tg1"]
+# into an engine with expert parallelism: whole experts, point to point (no naive variant)
+GEN_EP_CASES = ["t2p1e2->tg2ep", "t2p2e1->tg2ep"]
 
 
 def _argv(request) -> list:
@@ -35,15 +39,25 @@ def reshard(shared_launch):
     return shared_result(shared_launch, "reshard")
 
 
-@pytest.mark.parametrize("case", CASES + MOE_CASES + [c + "-naive" for c in CASES + MOE_CASES])
+@pytest.mark.parametrize("case", CASES + MOE_CASES + GEN_EP_CASES + [c + "-naive" for c in CASES + MOE_CASES])
 def test_every_engine_shard_equals_the_checkpoint_region(reshard, case):
     assert reshard[case]["max_abs_diff"] == 0.0
     assert reshard[case]["missing"] == []
 
 
-@pytest.mark.parametrize("case", CASES + MOE_CASES)
+@pytest.mark.parametrize("case", CASES + MOE_CASES + GEN_EP_CASES)
 def test_zero_redundancy_path_receives_exactly_the_floor(reshard, case):
     assert reshard[case]["received"] == reshard[case]["floor"]
+
+
+def test_engine_expert_parallelism_moves_what_the_plan_says(reshard):
+    # TP2×EP2 -> engine EP2 (TP2): of an expert tensor's B bytes (summed over its experts) rank (tp j, ep k)
+    # needs block j whole and holds half of block k: B, 2B, 2B, B, against B on every rank into an engine
+    # with TP-sharded experts (tests/unit/distributed/test_generation_plan_experts.py); the dense part is
+    # the same in both, so the difference is 0, B, B, 0
+    ep, tp_sharded = reshard["t2p1e2->tg2ep"]["received"], reshard["t2p1e2->tg2"]["received"]
+    extra = [a - b for a, b in zip(ep, tp_sharded)]
+    assert extra[0] == extra[3] == 0 and extra[1] == extra[2] > 0, (ep, tp_sharded)
 
 
 @pytest.mark.parametrize("case", ["t2p2->tg2", "t2p1->tg2", "t4p1->tg2"])

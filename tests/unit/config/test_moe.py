@@ -5,7 +5,7 @@ losses: verl's megatron overrides land on them and they reach megatron's Transfo
 import pytest
 
 from megarl.config import ConfigError, load_config
-from megarl.config.moe_checks import check_router_replay
+from megarl.config.moe_checks import check_rollout_expert_parallel, check_router_replay
 from megarl.config.parallel_checks import ModelDims
 from megarl.config.roles import role_spec
 from megarl.config.schema import MegarlConfig
@@ -91,6 +91,44 @@ def test_r3_refuses_rollouts_whose_routes_the_engine_does_not_record(field, mess
     found = []
     check_router_replay(cfg, dims(8), found)
     assert found == []
+
+
+def test_verls_rollout_expert_parallel_size_sets_the_engines_expert_parallelism():
+    assert load().rollout.expert_parallel_size == 1
+    cfg = load(
+        "actor_rollout_ref.rollout.expert_parallel_size=2",
+        "rollout.tp=2",
+        "actor.parallel.tp=2",
+        "trainer.n_devices_per_node=2",
+    )
+    assert cfg.rollout.expert_parallel_size == 2
+    found: list[str] = []
+    check_rollout_expert_parallel(cfg, dims(4), found)
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "experts", "message"),
+    [
+        ([], 4, "must equal rollout.tp=1"),
+        (["rollout.tp=2", "actor.parallel.tp=2"], 0, "dense model"),
+        (["rollout.tp=2", "actor.parallel.tp=2"], 3, "does not divide the model's 3 routed experts"),
+    ],
+)
+def test_engine_expert_parallelism_is_refused_where_it_cannot_work(overrides, experts, message):
+    cfg = load("trainer.n_devices_per_node=2", *overrides)
+    cfg.rollout.expert_parallel_size = 2
+    found: list[str] = []
+    check_rollout_expert_parallel(cfg, dims(experts), found)
+    assert len(found) == 1 and message in found[0], found
+
+
+def test_only_the_megatron_actors_colocated_engine_gets_its_experts_in_blocks():
+    cfg = load("trainer.n_devices_per_node=2", "rollout.tp=2", "actor.parallel.tp=2")
+    cfg.rollout.expert_parallel_size, cfg.rollout.placement = 2, "separate"
+    found: list[str] = []
+    check_rollout_expert_parallel(cfg, dims(4), found)
+    assert len(found) == 1 and "rollout.placement=colocated" in found[0], found
 
 
 def test_r3_asks_the_engine_for_routes():

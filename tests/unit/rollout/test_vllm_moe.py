@@ -43,3 +43,29 @@ def test_engine_request_ids_map_to_their_samples():
     assert got[0] is a and got[1] is b and got[2] is c and got[3] is None
     single = [SimpleNamespace(request_id="12", outputs=[SimpleNamespace(index=0)])]
     assert sample_routes(single, {"12-dddddddd": a})[0] is a
+
+
+def test_cpu_experts_under_expert_parallelism_get_local_ids_and_no_weight_for_other_ranks(monkeypatch):
+    """vLLM 0.32's CPU kernel indexes the rank's local experts with the ids it is given and ignores the
+    expert map: the shim hands it local ids, another rank's expert as id 0 with weight 0."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    from megarl.rollout.vllm_moe import local_expert_ids_on_cpu
+
+    seen = {}
+
+    def kernel(self, *args, topk_weights, topk_ids, expert_map, **kwargs):
+        seen.update(topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map, rest=(args, kwargs))
+
+    monkeypatch.setattr(CPUUnquantizedExperts, "apply", kernel)
+    local_expert_ids_on_cpu()
+    local_expert_ids_on_cpu()  # idempotent: wrapped once
+    expert_map = torch.tensor([-1, -1, 0, 1], dtype=torch.int32)  # rank 1 of 2 holds experts 2 and 3
+    ids = torch.tensor([[2, 0], [3, 2], [1, 0]], dtype=torch.int32)
+    weights = torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.9, 0.1]])
+    CPUUnquantizedExperts.apply(
+        "self", "output", topk_weights=weights, topk_ids=ids, expert_map=expert_map, activation="silu"
+    )
+    assert torch.equal(seen["topk_ids"], torch.tensor([[0, 0], [1, 0], [0, 0]], dtype=torch.int32))
+    assert torch.equal(seen["topk_weights"], torch.tensor([[0.6, 0.0], [0.7, 0.3], [0.0, 0.0]]))
+    assert seen["expert_map"] is None and seen["rest"] == (("output",), {"activation": "silu"})
