@@ -55,7 +55,7 @@ def start_once(spec: dict) -> dict:
     rollout = VLLMRollout(rollout_cfg)
     ready = time.perf_counter()
     ids = torch.randint(5, 500, (PROMPTS, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
-    out = rollout.generate(Batch({"prompts": ids, "attention_mask": torch.ones_like(ids)}), cfg.rollout)
+    out = rollout.generate(Batch({"prompts": ids, "attention_mask": torch.ones_like(ids)}), rollout_cfg.rollout)
     done = time.perf_counter()
     result = {
         "import_s": imported - t0,
