@@ -55,7 +55,9 @@ def start_once(spec: dict) -> dict:
     rollout = VLLMRollout(rollout_cfg)
     ready = time.perf_counter()
     ids = torch.randint(5, 500, (PROMPTS, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
-    out = rollout.generate(Batch({"prompts": ids, "attention_mask": torch.ones_like(ids)}), rollout_cfg.rollout)
+    out = rollout.generate(
+        Batch({"prompts": ids, "attention_mask": torch.ones_like(ids)}), rollout_cfg.rollout
+    )
     done = time.perf_counter()
     result = {
         "import_s": imported - t0,
@@ -74,7 +76,9 @@ def _start(model: Path, cache: Path, work: Path, label: str) -> dict:
     store = work / f"{label}.store"
     store.unlink(missing_ok=True)
     spec.write_text(json.dumps({"model": str(model), "store": str(store)}))
-    env = {**os.environ, "MEGARL_ENGINE_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    # one rank of its own (vLLM's external launcher reads the torchrun variables)
+    ranks = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    env = {**os.environ, **ranks, "MEGARL_ENGINE_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "megarl.bench.engine_start", str(spec), str(result)]
     measured = run_measured(cmd, work / f"{label}.log", env=env, timeout_s=1800)
     return {
