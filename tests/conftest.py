@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from megarl.distributed.rank_program import LaunchResult, launch_rank_program
+from megarl.rollout.engine_cache import ENV as ENGINE_CACHE
+
+# One engine cache for the session and the processes its tests start (megarl.rollout.engine_cache): the
+# first compiled engine of a model config compiles, every later one loads that. Outside the user's home;
+# kept between sessions like Inductor's own /tmp cache (its keys make a stale entry miss, never load).
+os.environ.setdefault(ENGINE_CACHE, str(Path(tempfile.gettempdir()) / "megarl-test-engine-cache"))
 
 # Larger-than-default init so logits are O(1-10): conversion mistakes then show up far above tolerance.
 PARITY_INIT = {"initializer_range": 0.1}

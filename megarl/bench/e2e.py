@@ -100,6 +100,19 @@ SIZES = {
         group=8,
         new_tokens=256,
     ),
+    "1.5b": Size(  # GPU only (tools/gpu_bench.sh): 1.51B parameters, 16 B each with Adam: fits one H100
+        "1.5b",
+        dict(
+            hidden_size=2048,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=32,
+            intermediate_size=5632,
+        ),
+        prompts=64,
+        group=8,
+        new_tokens=256,
+    ),
 }
 LR = 1e-5
 SEED = 0

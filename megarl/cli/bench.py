@@ -16,8 +16,9 @@ TABLE_SUITES = {
     "reward": "the reward stage per row: contained in reward workers vs called in the driver",
     "async": "colocated vs separate engines at max_staleness 0/1/2 and partial rollouts, long-tail lengths",
     "lora": "full fine-tuning vs LoRA: update tokens/s, optimizer state, peak memory, sync bytes and seconds",
+    "engine-start": "a compiled vLLM engine's start in a fresh process: empty engine cache vs cached",
 }
-SUITE_MODULES = {"async": "async_training"}  # `async` is a Python keyword
+SUITE_MODULES = {"async": "async_training", "engine-start": "engine_start"}  # `async`: a Python keyword
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -32,6 +32,7 @@ from megarl.models.dtypes import hf_name
 from megarl.protocol import Batch, Col
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
+from megarl.rollout.engine_cache import cached_start
 from megarl.rollout.partial import generate_across_syncs
 from megarl.rollout.vllm_cpu_load import load_into_layers
 from megarl.rollout.vllm_groups import (
@@ -226,8 +227,9 @@ class VLLMRollout(Rollout):
         if self.cfg.rollout.expert_parallel_size > 1 and not platform().is_cuda:
             local_expert_ids_on_cpu()
         spare_default_process_group()
-        with engine_call(), given_tp_groups(self.tp_groups):
-            llm = LLM(**self.engine_kwargs, distributed_executor_backend="external_launcher")
+        kwargs = self.engine_kwargs
+        with engine_call(), given_tp_groups(self.tp_groups), cached_start(kwargs, dist.get_rank() == 0):
+            llm = LLM(**kwargs, distributed_executor_backend="external_launcher")
         if is_moe(llm.llm_engine.model_config.hf_config) and not platform().is_cuda:
             repack_experts_on_update()
         return llm
