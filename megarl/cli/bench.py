@@ -16,6 +16,7 @@ TABLE_SUITES = {
     "reward": "the reward stage per row: contained in reward workers vs called in the driver",
     "async": "colocated vs separate engines at max_staleness 0/1/2 and partial rollouts, long-tail lengths",
     "lora": "full fine-tuning vs LoRA: update tokens/s, optimizer state, peak memory, sync bytes and seconds",
+    "roofline": "each e2e stage's time over its floor (FLOPs and bytes at the machine's measured rates), MFU",
 }
 SUITE_MODULES = {"async": "async_training"}  # `async` is a Python keyword
 
