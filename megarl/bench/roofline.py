@@ -18,6 +18,7 @@ the card's nominal dense bf16 peak. Writes `<out>/roofline.{json,md,png}`.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -46,10 +47,19 @@ def step_sequences(record: dict) -> Sequences:
     )
 
 
+def gemm_rate(peaks: dict, shape: tuple[int, int, int]) -> float:
+    """The measured FLOP/s of `shape`, or of the measured shape nearest to it (log distance): the rates
+    are measured at the median step's shapes, and another step's row counts differ by a few tokens."""
+
+    def distance(key: str) -> float:
+        return sum(abs(math.log(int(d) / s)) for d, s in zip(key.split("x"), shape))
+
+    return peaks["gemm"][min(peaks["gemm"], key=distance)]["flops_per_s"]
+
+
 def phase_floor(phase: Phase, peaks: dict) -> dict:
     """Seconds the phase needs at the measured rates: compute, memory, and the larger (its floor)."""
-    rates = peaks["gemm"]
-    compute = sum(f / rates[f"{m}x{k}x{n}"]["flops_per_s"] for (m, k, n), f in phase.gemm_flops.items())
+    compute = sum(f / gemm_rate(peaks, shape) for shape, f in phase.gemm_flops.items())
     compute += phase.other_flops / peaks["peak_flops_per_s"]
     memory = phase.bytes / peaks["bandwidth_bytes_per_s"]
     return {"compute_s": compute, "memory_s": memory, "floor_s": max(compute, memory)}
@@ -127,13 +137,14 @@ def run(args: argparse.Namespace) -> dict:
         splits = megarl_steps(metrics, args.warmup)
         records = [r for r in read_metrics(metrics) if r["step"] > args.warmup]
         seqs = [step_sequences(r) for r in records]
+        median = sorted(seqs, key=lambda q: q.count * q.length)[len(seqs) // 2]
         print(f"  peaks ({device}) …", flush=True)
-        peaks = measure_peaks(gemm_shapes(model, seqs[0]), device, RANKS)
+        peaks = measure_peaks(gemm_shapes(model, median), device, RANKS)
         per_step = [stage_rows(model, s, split, peaks) for s, split in zip(seqs, splits)]
         result["sizes"][name] = {
             "params": params,
             "model": model.__dict__,
-            "sequences": seqs[0].__dict__,
+            "sequences": median.__dict__,
             "peaks": peaks,
             "steps": per_step,
             "median": median_rows(per_step),

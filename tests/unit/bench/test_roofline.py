@@ -8,7 +8,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from megarl.bench.flops import Decoder, Phase, Sequences, generation_phases, log_prob_phases, update_phases
 from megarl.bench.roofline import phase_floor, stage_rows, step_sequences, table
+from megarl.cli import build_parser
+from megarl.cli.bench import bench_suite
 from megarl.models.tiny import tiny_config
+
+pytestmark = pytest.mark.unit
 
 BATCH, LENGTH = 3, 40
 
@@ -30,6 +34,12 @@ def _counted(model, backward: bool) -> dict[str, int]:
         if backward:
             logits.sum().backward()
     return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+def test_the_command_parses_with_the_e2e_sizes():
+    args = build_parser().parse_args(["bench", "roofline"])
+    assert args.func is bench_suite and args.what == "roofline"
+    assert (args.sizes, args.steps, args.device) == (["tiny", "3m", "25m"], None, "cpu")
 
 
 def test_decoder_counts_every_parameter_of_the_hf_model(llama):
@@ -133,3 +143,11 @@ def test_step_sequences_and_table_from_a_metrics_record():
         "| tiny (0.85M, 64 seqs × 30.0+60.0 tok) | update | 1.000 | 2.00 | 1.000 | 0.500 | compute | **2.00×** | 50.0% |"
         in text
     )
+
+
+def test_a_shape_not_measured_takes_the_rate_of_the_nearest_measured_one():
+    from megarl.bench.roofline import gemm_rate
+
+    assert gemm_rate(PEAKS, (64, 8, 8)) == 1e9
+    assert gemm_rate(PEAKS, (60, 8, 8)) == 1e9
+    assert gemm_rate(PEAKS, (30, 8, 8)) == 0.5e9
