@@ -182,6 +182,17 @@ def table(result: dict) -> str:
             f"| {name} | {p['peak_flops_per_s'] / 1e9:.0f} ({shape}, {best['by']}) "
             f"| {p['bandwidth_bytes_per_s'] / 1e9:.1f} ({p['copy'] / 1e9:.1f} / {p['read'] / 1e9:.1f}) |"
         )
+    below = [
+        f"{name} {stage}"
+        for name, e in result["sizes"].items()
+        for stage, r in e["median"].items()
+        if r.get("time_over_floor", 1.0) < 1.0
+    ]
+    if below:  # a stage faster than its floor: the rates were measured while the machine was busier
+        lines += [
+            "",
+            f"Below the floor ({', '.join(below)}): the rates were measured low (a shared machine?).",
+        ]
     lines += [
         "",
         "Rates measured by 2 processes × 1 thread at once (megarl's ranks), fp32, after the size's e2e run. "

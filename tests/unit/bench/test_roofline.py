@@ -14,7 +14,7 @@ from megarl.models.tiny import tiny_config
 
 pytestmark = pytest.mark.unit
 
-BATCH, LENGTH = 3, 40
+BATCH, LENGTH = 2, 24
 
 
 @pytest.fixture(scope="module")
