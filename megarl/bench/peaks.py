@@ -14,6 +14,7 @@ import time
 
 CAP = 2048  # a dimension beyond this runs at the same rate; measuring it would only take longer
 MIN_SECONDS = 0.2
+PASSES = 2
 BANDWIDTH_MIB = 256
 # dense bf16 tensor-core peaks (no sparsity), FLOP/s
 NOMINAL_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -59,11 +60,15 @@ def _measure(shapes: list[tuple[int, int, int]], device: str, barrier=None) -> d
 
         if openblas_chosen():
             multiplies.append(("openblas", mm))
-    measured: dict[tuple[int, int, int], dict] = {}  # shapes that cap to the same one are measured once
-    for m, k, n in shapes:
-        capped = (min(m, CAP), min(k, CAP), min(n, CAP))
-        if capped not in measured:
-            measured[capped] = _fastest(capped, multiplies, device, dtype, sync, barrier)
+    capped = sorted({(min(m, CAP), min(k, CAP), min(n, CAP)) for m, k, n in shapes})
+    measured: dict[tuple[int, int, int], dict] = {}
+    # PASSES sweeps, the best of them kept: a burst of other work on a shared machine then lowers one
+    # shape's rate only if it comes back at that shape's turn in every sweep
+    for sweep in range(PASSES):
+        for shape in capped if sweep % 2 == 0 else capped[::-1]:
+            rate = _fastest(shape, multiplies, device, dtype, sync, barrier)
+            if shape not in measured or rate["flops_per_s"] > measured[shape]["flops_per_s"]:
+                measured[shape] = rate
     rates = {f"{m}x{k}x{n}": measured[(min(m, CAP), min(k, CAP), min(n, CAP))] for m, k, n in shapes}
     src = torch.ones(BANDWIDTH_MIB * 2**20 // 4, device=device)
     dst = torch.empty_like(src)

@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from megarl.bench.e2e import SIZES, megarl_steps, prepare, run_megarl
+from megarl.bench.e2e import CONFIG, SIZES, Size, megarl_overrides, megarl_steps, prepare
 from megarl.bench.flops import STAGE_PHASES, Decoder, Phase, Sequences
 from megarl.bench.measure import write_merged
 from megarl.bench.peaks import measure_peaks
@@ -114,6 +117,28 @@ def median_rows(steps: list[dict]) -> dict:
     return out
 
 
+def train(size: Size, model_dir: Path, data: Path, root: Path, steps: int) -> Path:
+    """megarl's e2e run of `size` (`e2e.megarl_overrides`); its metrics.jsonl. Not through
+    `measure.run_measured`: its PSS sampler reads smaps_rollup of each ~6 GB 25m rank every 0.5 s
+    (~0.07 s of kernel time a read, ~14% of a core), time the stages would lose on 2 cores."""
+    out = root / "roofline" / size.name / "megarl"
+    shutil.rmtree(out, ignore_errors=True)  # else trainer.resume=auto would continue the last run
+    cmd = [
+        sys.executable,
+        "-m",
+        "megarl.cli",
+        "train",
+        str(CONFIG),
+        *megarl_overrides(size, model_dir, data, out, steps),
+    ]
+    log = out.parent / "megarl.log"
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"bench roofline: megarl train exit {code}; log {log}:\n{log.read_text()[-4000:]}")
+    return out / "metrics.jsonl"
+
+
 def run(args: argparse.Namespace) -> dict:
     from transformers import AutoConfig
 
@@ -132,8 +157,7 @@ def run(args: argparse.Namespace) -> dict:
             f"bench roofline {name}: {params / 1e6:.2f}M parameters, megarl e2e, {steps} measured steps",
             flush=True,
         )
-        run_megarl(size, model_dir, data, root, args.warmup, steps, suite="roofline")
-        metrics = root / "roofline" / name / "megarl" / "metrics.jsonl"
+        metrics = train(size, model_dir, data, root, args.warmup + steps)
         splits = megarl_steps(metrics, args.warmup)
         records = [r for r in read_metrics(metrics) if r["step"] > args.warmup]
         seqs = [step_sequences(r) for r in records]
