@@ -17,6 +17,7 @@ TABLE_SUITES = {
     "async": "colocated vs separate engines at max_staleness 0/1/2 and partial rollouts, long-tail lengths",
     "lora": "full fine-tuning vs LoRA: update tokens/s, optimizer state, peak memory, sync bytes and seconds",
     "engine-start": "a compiled vLLM engine's start in a fresh process: empty engine cache vs cached",
+    "roofline": "each e2e stage's time over its floor (FLOPs and bytes at the machine's measured rates), MFU",
 }
 SUITE_MODULES = {"async": "async_training", "engine-start": "engine_start"}  # `async`: a Python keyword
 
