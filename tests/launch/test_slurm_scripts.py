@@ -50,7 +50,7 @@ def _wait_for(slurm, job: int, text: str, deadline: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def varied_reward(tmp_path_factory) -> str:
+def varied_reward(tmp_path_factory) -> list[str]:
     """A reward that differs between the samples of a prompt (the random tiny model earns 0 from the digits
     rule on every one, which would leave GRPO's advantages, the gradients and the weights at 0): then the
     signalled runs' bit-exact comparison covers the updates too, not only sampling and data order."""
@@ -59,14 +59,16 @@ def varied_reward(tmp_path_factory) -> str:
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return float(sum(map(ord, solution_str)) % 2)\n"
     )
-    return f"reward.function.path={path}"
+    # no reward time limit: on 2 busy cores (two "nodes", each with a vLLM engine whose CPU threads spin)
+    # this one-line function was once starved past the default 10 s in a rerun, and the row scored 0
+    return [f"reward.function.path={path}", "reward.timeout_s=0"]
 
 
 @pytest.fixture(scope="module")
 def reference(slurm, tiny_run, varied_reward, tmp_path_factory) -> dict:
     """torchrun.sbatch's two steps on two nodes, uninterrupted; what listens while it trains."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    overrides = run_overrides(tiny_run, out, varied_reward)
+    overrides = run_overrides(tiny_run, out, *varied_reward)
     job = slurm.sbatch(SCRIPTS / "torchrun.sbatch", [str(CONFIG), *overrides], env=_job_env(), nodes=2)
     deadline = time.monotonic() + JOB_TIMEOUT_S
     _wait_for(slurm, job, TRAINING, deadline)
@@ -114,7 +116,7 @@ def _signalled_run(slurm, tiny_run, varied_reward, tmp_path, script: str) -> tup
     out = tmp_path / "run"
     job = slurm.sbatch(
         SCRIPTS / script,
-        [str(CONFIG), *run_overrides(tiny_run, out, varied_reward)],
+        [str(CONFIG), *run_overrides(tiny_run, out, *varied_reward)],
         env=_job_env(),
         nodes=2,
         open_mode="append",
