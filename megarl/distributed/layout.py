@@ -274,10 +274,11 @@ class ParallelLayout:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         _active.clear()
-        if _groups_before_megatron:
-            for group in set(_process_groups()) - set(_groups_before_megatron):
-                dist.destroy_process_group(group)
-            _groups_before_megatron.clear()
+        if not _groups_before_megatron:  # no layout was set up: nothing to tear down (and no collection)
+            return
+        for group in set(_process_groups()) - set(_groups_before_megatron):
+            dist.destroy_process_group(group)
+        _groups_before_megatron.clear()
         # a destroyed gloo group's threads end only when its last reference goes: let go of what the
         # layout's models hold (they are unusable without their groups)
         for release in _releases:
