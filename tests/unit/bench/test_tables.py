@@ -17,12 +17,19 @@ def _side(seconds: list[float], tokens: int) -> dict:
 
 
 def test_the_e2e_table_gives_medians_spreads_and_the_ratio():
-    megarl = merge_rounds([_side([1.0, 2.0], 1000), {**_side([4.0], 1000), "peak_rss_bytes": 1024 * 2**20}])
+    top = {"megarl.train#1": 600 * 2**20, "megarl.train#2": 400 * 2**20}
+    megarl = merge_rounds(
+        [
+            {**_side([1.0, 2.0], 1000), "peak_by_process": {"megarl.train#1": 2**30}},
+            {**_side([4.0], 1000), "peak_rss_bytes": 1024 * 2**20, "peak_by_process": top},
+        ]
+    )
     trl = merge_rounds([_side([4.0, 5.0, 6.0], 1000)])
     assert megarl["launches"] == 2 and megarl["wall_seconds"] == [3.0, 4.0]
     m, t = summarize_side(megarl), summarize_side(trl)
     assert m["tokens_per_s"] == {"median": 500.0, "min": 250.0, "max": 1000.0, "n": 3}
     assert m["peak_rss_mib"] == 1024  # the largest of the launches
+    assert m["peak_by_process_mib"] == {"megarl.train#1": 600, "megarl.train#2": 400}  # that launch's
     result = {
         "cores": 2,
         "warmup": 1,
@@ -36,12 +43,14 @@ def test_the_e2e_table_gives_medians_spreads_and_the_ratio():
                 "megarl": {"raw": megarl, "summary": m},
                 "trl": {"raw": trl, "summary": t},
                 "ratio_tokens_per_s": 500.0 / 200.0,
+                "ratio_peak_memory": 1024 / 512,
             }
         },
     }
     text = table(result)
     assert "| tiny (0.85M, 8×4×32) | megarl | 500 (250–1000) | 2.00 (1.00–4.00) |" in text
-    assert "| 1024 | 3 (2) | **2.50×** |" in text
+    assert "| 1024 | 3 (2) | **2.50×** | **2.00** |" in text
+    assert "- tiny megarl: megarl.train#1 600, megarl.train#2 400" in text
     assert "| tiny (0.85M, 8×4×32) | trl | 200 (167–250) | 5.00 (4.00–6.00) |" in text
     assert "CPU: AMD EPYC; megarl's linear layers multiply with openblas" in text  # ratios depend on both
 
