@@ -21,7 +21,8 @@ from megarl.controller.group import make_worker_group
 from megarl.protocol import Batch
 from megarl.workers.actor import ActorWorker
 
-N_PROMPTS, SAMPLES, PROMPT, RESPONSE, STEPS = 4, 2, 8, 10, 3
+# 2 steps: the first sync moves every base tensor, the second follows an update (what the checks are about)
+N_PROMPTS, SAMPLES, PROMPT, RESPONSE, STEPS = 4, 2, 8, 10, 2
 TOKENIZER_VOCAB = 657  # prompts stay inside the tiny tokenizer's vocabulary
 
 

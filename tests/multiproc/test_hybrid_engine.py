@@ -1,7 +1,10 @@
 """The 3D-HybridEngine end to end on 4 ranks: after optimizer updates, the colocated vLLM engine's
 log-probs of its sampled tokens equal Megatron's recomputed ones, and the weight sync receives exactly
 the plan's floor. Layouts of issue 5, all in one rank program (tests/multiproc/hybrid_checks.py) in the
-4-rank launch shared with other modules (tests/multiproc/conftest.py): a launch costs more than a case. t2p1g1 is left out: t2p2g1 and t1p2g1 cover TP-to-TP1 regrouping."""
+4-rank launch shared with other modules (tests/multiproc/conftest.py): a launch costs more than a case.
+t2p1g1 is left out: t2p2g1 and t1p2g1 cover TP-to-TP1 regrouping. Plain t2p1g2 too: t2p2g2 syncs the
+same TP2-to-TP2 groups through PP, and t2p1g2m runs its layout (every tensor at its first sync, then the
+updated linears)."""
 
 import pytest
 
@@ -11,7 +14,7 @@ pytestmark = pytest.mark.multiproc
 
 # "a": LoRA synced as adapters (engine TP1 from PP2 × TP2 shards; engine TP2 from TP4 shards), "m": LoRA
 # merged into the base weights
-CASES = ["t2p2g1", "t2p2g2", "t2p1g2", "t1p2g1", "t4p1g2", "t2p2g1a", "t4p1g2a", "t2p1g2m"]
+CASES = ["t2p2g1", "t2p2g2", "t1p2g1", "t4p1g2", "t2p2g1a", "t4p1g2a", "t2p1g2m"]
 # generation TP groups: strided by t/t_g inside each training TP group
 EXPECTED_GROUPS = {
     "t2p2g1": [[0], [1], [2], [3]],

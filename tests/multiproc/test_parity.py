@@ -1,7 +1,12 @@
 """Megatron vs transformers (fp32, CPU): logits, loss and every gradient, at every layout. One rank
 program (tests/multiproc/parity_checks.py, in the 4-rank launch shared with other modules:
 tests/multiproc/conftest.py) runs the LM families, the scalar heads, the RoPE scalings and the
-mixture-of-experts families with expert parallelism."""
+mixture-of-experts families with expert parallelism.
+
+A family whose megatron model is another's checks its own conversion at one layout: Mistral builds Llama's
+megatron model (megarl.models.from_hf.FAMILIES: no q/k/v bias, no q/k norm, untied), which runs every
+layout. Likewise LoRA runs every layout on Llama and the scalar head SCALAR_LAYOUTS' four, and on Qwen2 (q/k/v
+biases, tied embeddings) both run the layouts that split those: TP (with PP, and with SP)."""
 
 import json
 import re
@@ -15,12 +20,15 @@ from tests.multiproc.conftest import shared_result
 pytestmark = pytest.mark.multiproc
 
 LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
+# Mistral's megatron model is Llama's (the module doc): its checkpoint's conversion at one layout
+LAYOUTS_OF = {**{family: LAYOUTS for family in FAMILIES}, "mistral": ["tp1pp1"]}
 
 
 def _argv(request) -> list[str]:
-    """parity_checks' argv: verify's arguments of "lm" (every family at every layout), "scalar" (the
-    reward models at SCALAR_LAYOUTS), "rope" (two RoPE scalings at TP2, 64 tokens) and "moe" (the MoE
-    families at MOE_LAYOUTS)."""
+    """parity_checks' argv: verify's arguments of "lm" (every family at every layout but Mistral) and
+    "lm-mistral" (at tp1pp1), "scalar-<family>" (the reward models at SCALAR_LAYOUTS), "rope" (two RoPE
+    scalings at TP2, 64 tokens), "moe" (the MoE families at MOE_LAYOUTS) and "lora-<family>" (at
+    LORA_LAYOUTS)."""
     from megarl.models.tiny import build_tiny_hf
 
     root = request.getfixturevalue("tmp_path_factory").mktemp("rope")
@@ -37,12 +45,16 @@ def _argv(request) -> list[str]:
     parts = {
         # Megatron's linear layers through OpenBLAS (megarl.models.cpu_gemm), the choice on AMD CPUs, on
         # any CPU: HF's reference multiplies with torch's MKL, and torch's path is megatron's own code.
-        "lm": [*hf_args(lm.values()), "--layouts", ",".join(LAYOUTS)],
-        "scalar": [*hf_args(scalar.values()), "--layouts", ",".join(SCALAR_LAYOUTS)],
+        "lm": [*hf_args(p for f, p in lm.items() if f != "mistral"), "--layouts", ",".join(LAYOUTS)],
+        "lm-mistral": [*hf_args([lm["mistral"]]), "--layouts", ",".join(LAYOUTS_OF["mistral"])],
+        **{
+            f"scalar-{family}": [*hf_args([scalar[family]]), "--layouts", ",".join(layouts)]
+            for family, layouts in SCALAR_LAYOUTS.items()
+        },
         "rope": [*hf_args(rope_models), "--layouts", "tp2pp1", "--seq", "64"],
         "moe": [*hf_args(moe_models), "--layouts", ",".join(MOE_LAYOUTS)],
     }
-    for family in LORA_FAMILIES:  # megarl.models.lora.verify: megatron's LoRA vs PEFT's
+    for family, layouts in LORA_LAYOUTS.items():  # megarl.models.lora.verify: megatron's LoRA vs PEFT's
         adapter = make_peft_adapter(lm[family], root / f"adapter-{family}")
         parts[f"lora-{family}"] = [
             "--hf",
@@ -50,7 +62,7 @@ def _argv(request) -> list[str]:
             "--lora-adapter",
             str(adapter),
             "--layouts",
-            ",".join(LAYOUTS),
+            ",".join(layouts),
         ]
     return [json.dumps(parts)]
 
@@ -60,9 +72,12 @@ SHARED_PART = ("parity", "tests.multiproc.parity_checks", _argv)
 
 @pytest.fixture(scope="module")
 def parity_launch(shared_launch) -> dict[str, list[dict]]:
-    """{part: verify's result rows} of "lm", "scalar", "rope" and "lora-<family>"."""
+    """{part: verify's result rows} of "lm" (with "lm-mistral"), "scalar" (every "scalar-<family>"),
+    "rope", "moe" and "lora-<family>"."""
     results = shared_result(shared_launch, "parity")
-    return {part: [r for r in results if r["part"] == part] for part in {r["part"] for r in results}}
+    merged = {"lm-mistral": "lm", **{f"scalar-{family}": "scalar" for family in SCALAR_LAYOUTS}}
+    parts = {merged.get(r["part"], r["part"]) for r in results}
+    return {part: [r for r in results if merged.get(r["part"], r["part"]) == part] for part in parts}
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +91,19 @@ def test_parity_ran_megatrons_linear_layers_through_openblas(parity):
 
 def rows_of(parity, family):
     rows = [r for r in parity if r["family"] == family]
-    assert len(rows) == len(LAYOUTS), f"{family}: {len(rows)} results for {len(LAYOUTS)} layouts"
+    layouts = LAYOUTS_OF[family]
+    assert len(rows) == len(layouts), f"{family}: {len(rows)} results for {len(layouts)} layouts"
     return rows
 
 
+def layout_of(row: dict) -> str:
+    """verify's layout description ("tp2xpp1xdp2xsp") as the argv writes it ("tp2pp1sp")."""
+    return re.sub(r"xdp\d+", "", row["layout"]).replace("x", "")
+
+
 def test_every_layout_of_every_family_was_checked(parity):
-    checked = {(r["family"], re.sub(r"xdp\d+", "", r["layout"]).replace("x", "")) for r in parity}
-    assert checked == {(family, layout) for family in FAMILIES for layout in LAYOUTS}
+    checked = {(r["family"], layout_of(r)) for r in parity}
+    assert checked == {(family, layout) for family in FAMILIES for layout in LAYOUTS_OF[family]}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -109,7 +130,7 @@ def test_loss_and_grad_norm_identical_across_layouts(parity, family):
     assert (max(norms) - min(norms)) / norms[0] <= 1e-5
 
 
-SCALAR_LAYOUTS = ["tp1pp1", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"]
+SCALAR_LAYOUTS = {"llama": ["tp1pp1", "tp2pp2", "tp1pp2vpp2", "tp2pp1sp"], "qwen2": ["tp2pp2", "tp2pp1sp"]}
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +138,10 @@ def scalar_parity(parity_launch) -> list[dict]:
     return parity_launch["scalar"]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", SCALAR_LAYOUTS)
 def test_scalar_head_scores_and_gradients_match_hf(scalar_parity, family):
     rows = [r for r in scalar_parity if r["family"] == family]
-    assert len(rows) == len(SCALAR_LAYOUTS)
+    assert sorted(map(layout_of, rows)) == sorted(SCALAR_LAYOUTS[family])
     for r in rows:
         assert r["head"] == "scalar" and r["hf_logits_abs_max"] > 1.0
         assert r["max_abs_logit_diff"] <= 5e-5, r
@@ -149,15 +170,16 @@ def test_rope_scaling_matches_hf(parity_launch):
         assert r["max_abs_logit_diff"] <= 5e-5 and r["loss_abs_diff"] <= 5e-6, r
 
 
-LORA_FAMILIES = ["llama", "qwen2"]  # untied; tied embeddings with q/k/v bias
+# untied at every layout; tied embeddings with q/k/v bias where TP splits the biased q/k/v adapters
+LORA_LAYOUTS = {"llama": LAYOUTS, "qwen2": ["tp1pp1", "tp2pp2", "tp2pp1sp"]}
 
 
-@pytest.mark.parametrize("family", LORA_FAMILIES)
+@pytest.mark.parametrize("family", LORA_LAYOUTS)
 def test_lora_matches_peft_at_every_layout(parity_launch, family):
     """The same adapter weights in megatron's LoRA and in PEFT's on the transformers model: logits, loss
     and every adapter gradient; fresh adapters (B = 0) and disabled ones give bitwise the base logits."""
     rows = parity_launch[f"lora-{family}"]
-    assert len(rows) == len(LAYOUTS)
+    assert sorted(map(layout_of, rows)) == sorted(LORA_LAYOUTS[family])
     for r in rows:
         assert r["init_equals_base"] and r["disabled_equals_base"], r
         assert r["adapter_effect"] > 0.1, (
