@@ -103,9 +103,9 @@ def sft_overrides(base: Path, data: Path, out: Path, max_new_tokens: int, seed: 
 def prepare_varlen(
     name: str, base: Path, max_new_tokens: int, root: Path, seed: int = 0
 ) -> tuple[Path, Path, dict]:
-    """(warm-started model dir, train parquet, {"sft_seconds"}) for size `name`, built once under
-    `<root>/varlen/<name>` from its random model `base`; `sft_seconds` is the build's time (0 when cached
-    and recorded in `built.txt` otherwise)."""
+    """(warm-started model dir, train parquet, {"sft_seconds", "cached"}) for size `name`, built once under
+    `<root>/varlen/<name>` from its random model `base`; `sft_seconds` is the build's time (kept in
+    `built.txt`, so a cached model reports the time it took when it was built)."""
     here = root / "varlen" / name
     data, sft = here / "data", here / "sft"
     model, built = sft / "hf", here / "built.txt"
