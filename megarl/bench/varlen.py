@@ -32,6 +32,8 @@ COUNTING = "1234567890"
 SIGMA = 0.8  # log-normal spread of the target lengths
 MEDIAN_SHARE = 0.28  # the log-normal's median / max_new_tokens: truncated, its mean is about a third
 SFT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_sft.yaml"
+# 150 steps of 32 pairs (lr 2e-3, cosine, 30 warm-up): final loss tiny 0.010, 3m 0.093, 25m 0.078; built in
+# 41–62 s (tiny), 124 s (3m), 812 s (25m, 5.4 s/step) on 2 vCPUs (AMD EPYC) shared with other runs (load 6–11)
 SFT_STEPS = 150
 SFT_BATCH = 32
 
