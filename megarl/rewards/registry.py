@@ -143,7 +143,7 @@ def _calc_tool(
     return calc_tool.compute_score(solution_str, _truth(ground_truth, data_source))
 
 
-@register_reward("megarl/digits_sort", "megarl/digits_reverse", "megarl/digits_add")
+@register_reward("megarl/digits_sort", "megarl/digits_reverse", "megarl/digits_add", "megarl/digits_count")
 def _digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
     return digits.compute_score(solution_str, _truth(ground_truth, data_source))
 

@@ -418,6 +418,8 @@ def batch_statistics(batch: Batch) -> dict[str, float]:
         "reward/min": scores.min().item(),
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
+        "response_length/p50": lengths.quantile(0.5, interpolation="lower").item(),
+        "response_length/p90": lengths.quantile(0.9, interpolation="lower").item(),
     }
     if "finish_reason" in batch:
         out["response_length/clip_ratio"] = sum(r == "length" for r in batch["finish_reason"]) / len(batch)

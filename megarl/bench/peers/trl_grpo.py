@@ -5,7 +5,8 @@
 SPEC: {"model", "prompts" [{"prompt": [messages], "ground_truth": str}], "prompts_per_step",
 "group_size", "max_new_tokens", "steps", "lr", "seed"}. OUT: per step the wall seconds and their split
 (generation = transformers.generate, log_probs = log-prob passes before the loss, reward, update = the
-rest of the step: loss forward, backward, optimizer; other = reward and batch preparation), the completion tokens, and the start-up seconds.
+rest of the step: loss forward, backward, optimizer; other = reward and batch preparation), the completion tokens
+(in all, and each completion's), and the start-up seconds.
 
 Settings mirror megarl's side of the benchmark: fp32 (bf16 off: TRL turns it on by default, even on
 CPU), no gradient checkpointing, beta 0 (no reference model), one policy update per step
@@ -28,7 +29,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.extras import profiling  # noqa: E402
 
 EVENTS: list[tuple[str, float, float]] = []  # (profiled name, start, end), in order
-COMPLETION_TOKENS: list[int] = []  # per reward call (one per step)
+COMPLETION_LENGTHS: list[list[int]] = []  # per reward call (one per step): each completion's tokens
 
 
 def _record(self, duration: float) -> None:  # replaces ProfilingContext._log_metrics (wandb/mlflow only)
@@ -39,10 +40,10 @@ def _record(self, duration: float) -> None:  # replaces ProfilingContext._log_me
 profiling.ProfilingContext._log_metrics = _record
 
 
-def reverse_reward(prompts, completions, ground_truth, completion_ids=None, **kwargs) -> list[float]:
-    """Exact match of the completion with the reversed digits (what megarl's digits_reverse scores)."""
+def exact_match_reward(prompts, completions, ground_truth, completion_ids=None, **kwargs) -> list[float]:
+    """Exact match of the completion with the ground truth (what megarl's digit tasks score)."""
     if completion_ids is not None:
-        COMPLETION_TOKENS.append(sum(len(ids) for ids in completion_ids))
+        COMPLETION_LENGTHS.append([len(ids) for ids in completion_ids])
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [float(t.strip() == truth) for t, truth in zip(texts, ground_truth)]
 
@@ -125,7 +126,7 @@ def main(spec_path: str, out_path: str) -> None:
     timer = StepTimes()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=[reverse_reward],
+        reward_funcs=[exact_match_reward],
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
@@ -136,7 +137,9 @@ def main(spec_path: str, out_path: str) -> None:
     steps = []
     for i, (start, end) in enumerate(timer.steps):
         row = split(start, end)
-        row["completion_tokens"] = COMPLETION_TOKENS[i] if i < len(COMPLETION_TOKENS) else None
+        lengths = COMPLETION_LENGTHS[i] if i < len(COMPLETION_LENGTHS) else None
+        row["completion_tokens"] = sum(lengths) if lengths else None
+        row["completion_lengths"] = lengths
         steps.append(row)
     result = {
         "peer": "trl",

@@ -48,10 +48,10 @@ def test_the_e2e_table_gives_medians_spreads_and_the_ratio():
         },
     }
     text = table(result)
-    assert "| tiny (0.85M, 8×4×32) | megarl | 500 (250–1000) | 2.00 (1.00–4.00) |" in text
+    assert "| tiny (0.85M, 8×4×32) | fixed | megarl | 500 (250–1000) | 2.00 (1.00–4.00) |" in text
     assert "| 1024 | 3 (2) | **2.50×** | **2.00** |" in text
-    assert "- tiny megarl: megarl.train#1 600, megarl.train#2 400" in text
-    assert "| tiny (0.85M, 8×4×32) | trl | 200 (167–250) | 5.00 (4.00–6.00) |" in text
+    assert "- tiny fixed megarl: megarl.train#1 600, megarl.train#2 400" in text
+    assert "| tiny (0.85M, 8×4×32) | fixed | trl | 200 (167–250) | 5.00 (4.00–6.00) |" in text
     assert "CPU: AMD EPYC; megarl's linear layers multiply with openblas" in text  # ratios depend on both
 
 
