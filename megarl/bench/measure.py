@@ -55,17 +55,20 @@ def process_label(pid: int) -> str:
 
 
 def peaks_by_label(peaks: dict[int, int], labels: dict[int, str]) -> dict[str, int]:
-    """Per-process peaks keyed by label, largest first; processes running the same thing are numbered
-    in start order (`megarl.train#1`, `megarl.train#2`); those under 16 MiB are left out."""
-    count: dict[str, int] = {}
+    """Per-process peaks keyed by label, largest first; a few processes running the same thing are
+    numbered in start order (`megarl.train#1`, `megarl.train#2`), many (the compiler jobs of an engine's
+    first start) are one entry, their largest (`cc1plus×12`); those under 16 MiB are left out."""
+    pids: dict[str, list[int]] = {}
     for pid in sorted(peaks):
-        count[labels[pid]] = count.get(labels[pid], 0) + 1
-    seen: dict[str, int] = {}
+        pids.setdefault(labels[pid], []).append(pid)
     named = {}
-    for pid in sorted(peaks):
-        label = labels[pid]
-        seen[label] = seen.get(label, 0) + 1
-        named[f"{label}#{seen[label]}" if count[label] > 1 else label] = peaks[pid]
+    for label, same in pids.items():
+        if len(same) == 1:
+            named[label] = peaks[same[0]]
+        elif len(same) > 4:
+            named[f"{label}×{len(same)}"] = max(peaks[pid] for pid in same)
+        else:
+            named.update({f"{label}#{i}": peaks[pid] for i, pid in enumerate(same, 1)})
     return dict(sorted(((k, v) for k, v in named.items() if v >= 16 << 20), key=lambda kv: -kv[1]))
 
 

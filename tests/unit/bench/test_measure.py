@@ -41,13 +41,16 @@ def test_peak_memory_of_the_tree_is_measured_and_nothing_is_left_behind(tmp_path
         time.sleep(0.05)
 
 
-def test_processes_running_the_same_module_are_numbered_in_start_order():
+def test_processes_running_the_same_module_are_numbered_in_start_order_and_many_are_one_entry():
     peaks = {30: 200 << 20, 10: 300 << 20, 20: 5 << 20, 40: 100 << 20}
     labels = {30: "megarl.train", 10: "megarl.train", 20: "megarl.rewards.pool", 40: "torchrun"}
-    assert peaks_by_label(peaks, labels) == {
+    compilers = {100 + i: (50 + i) << 20 for i in range(6)}
+    labels |= dict.fromkeys(compilers, "cc1plus")
+    assert peaks_by_label(peaks | compilers, labels) == {
         "megarl.train#1": 300 << 20,
         "megarl.train#2": 200 << 20,
         "torchrun": 100 << 20,
+        "cc1plus×6": 55 << 20,
     }
 
 
