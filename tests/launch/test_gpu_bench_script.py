@@ -1,6 +1,6 @@
-"""tools/gpu_bench.sh's CPU dry run: every stage of the GPU benchmark (parity, train bf16/fp32 with the
-FSDP backend) runs at the tiny size and lands in the one JSON, so the script's plumbing is proven
-before a GPU is lent to it."""
+"""tools/gpu_bench.sh's CPU dry run: every stage of the GPU benchmark (parity and train in bf16 and fp32,
+train with the FSDP backend) runs at the tiny size and lands in the one JSON, so the script's plumbing
+is proven before a GPU is lent to it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.multiproc
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = {"parity", "train-bf16", "train-fp32"}
+STAGES = {"parity-bf16", "parity-fp32", "train-bf16", "train-fp32"}
 
 
 def test_gpu_bench_dry_run_runs_every_stage(tmp_path):
@@ -35,7 +35,9 @@ def test_gpu_bench_dry_run_runs_every_stage(tmp_path):
     assert set(report["stages"]) == STAGES
     for name, stage in report["stages"].items():
         assert stage["status"] == "ok", (name, stage["error"])
-    assert [r["passed"] for r in report["stages"]["parity"]["result"]] == [True]
     for dtype in ("bf16", "fp32"):
+        assert [(r["dtype"], r["passed"]) for r in report["stages"][f"parity-{dtype}"]["result"]] == [
+            (dtype, True)
+        ]
         tiny = report["stages"][f"train-{dtype}"]["result"]["sizes"]["tiny"]
         assert tiny["dtype"] == dtype and tiny["megatron"]["tokens_per_s"] > 0 and "fsdp" in tiny

@@ -27,8 +27,8 @@ LAYOUTS_OF = {**{family: LAYOUTS for family in FAMILIES}, "mistral": ["tp1pp1"]}
 def _argv(request) -> list[str]:
     """parity_checks' argv: verify's arguments of "lm" (every family at every layout but Mistral) and
     "lm-mistral" (at tp1pp1), "scalar-<family>" (the reward models at SCALAR_LAYOUTS), "rope" (two RoPE
-    scalings at TP2, 64 tokens), "moe" (the MoE families at MOE_LAYOUTS) and "lora-<family>" (at
-    LORA_LAYOUTS)."""
+    scalings at TP2, 64 tokens), "moe" (the MoE families at MOE_LAYOUTS), "bf16" (Qwen2 in bf16 at
+    BF16_LAYOUTS) and "lora-<family>" (at LORA_LAYOUTS)."""
     from megarl.models.tiny import build_tiny_hf
 
     root = request.getfixturevalue("tmp_path_factory").mktemp("rope")
@@ -53,6 +53,7 @@ def _argv(request) -> list[str]:
         },
         "rope": [*hf_args(rope_models), "--layouts", "tp2pp1", "--seq", "64"],
         "moe": [*hf_args(moe_models), "--layouts", ",".join(MOE_LAYOUTS)],
+        "bf16": [*hf_args([lm["qwen2"]]), "--layouts", ",".join(BF16_LAYOUTS), "--dtype", "bf16"],
     }
     for family, layouts in LORA_LAYOUTS.items():  # megarl.models.lora.verify: megatron's LoRA vs PEFT's
         adapter = make_peft_adapter(lm[family], root / f"adapter-{family}")
@@ -208,3 +209,17 @@ def test_moe_logits_loss_and_gradients_match_hf_at_every_expert_layout(parity_la
         assert r["loss_abs_diff"] <= 5e-6 and r["max_abs_grad_diff"] <= 5e-5, r
         assert r["grad_norm_rel_diff"] <= 1e-5, r
         assert r["round_trip_exact"], r  # HF -> megatron shards (EP, expert-TP) -> HF, bit for bit
+
+
+# bf16 (TP1 Llama: tests/unit/models/test_verify_bf16.py): tied embeddings and q/k/v bias, TP2 with
+# sequence parallelism, and PP2 (bf16 activations between stages).
+BF16_LAYOUTS = ["tp2pp1sp", "tp1pp2"]
+
+
+def test_bf16_error_within_factor_of_transformers_own_bf16_error(parity_launch):
+    rows = parity_launch["bf16"]
+    assert sorted(re.sub(r"xdp\d+", "", r["layout"]) for r in rows) == ["tp1xpp2", "tp2xpp1xsp"]
+    for r in rows:
+        assert r["dtype"] == "bf16" and r["round_trip_exact"], r
+        for metric, v in r["bf16"].items():
+            assert v["passed"] and v["megatron_bf16_err"] > 0 and v["hf_bf16_err"] > 0, (metric, v)

@@ -69,6 +69,12 @@ def test_verify_model_rejects_impossible_layouts_before_launching(hf_config_dir,
     assert message in err
 
 
+def test_verify_model_refuses_lora_in_bf16(hf_config_dir, tmp_path, capsys):
+    argv = ["verify-model", "--hf", str(hf_config_dir), "--lora-adapter", str(tmp_path), "--dtype", "bf16"]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and "compares with PEFT in fp32 only" in err
+
+
 def test_verify_model_names_a_missing_checkpoint(tmp_path, capsys):
     code, _, err = run(["verify-model", "--hf", str(tmp_path / "nope")], capsys)
     assert code == 2 and "no config.json there" in err
