@@ -96,8 +96,9 @@ SIZES = {
         # packed, its update takes 14.5 s instead of 15.5–16.4. At tiny and 3m packing gains nothing
         # (3m: 0.75 s either way) or costs (tiny: +13 ms, megatron's per-sequence THD rotary in Python).
         packed=True,
-        # 4 micro-batches of 16 sequences' tokens: the peak of the 2 ranks' process tree 6.4 GB instead of
-        # 12.2 (one micro-batch per rank) or 9.4 (two), at no cost in update time (2-vCPU AMD EPYC)
+        # 4 micro-batches of 16 sequences' tokens: the process tree's peak 6.5 GB instead of 12.5 with one
+        # micro-batch per rank (9.4 with two), and the update 20.2-21.2 s instead of 21.3-22.6 (quiet
+        # 2-vCPU AMD EPYC)
         micro_batches=4,
     ),
     "350m": Size(  # GPU only (tools/gpu_bench.sh): big enough to load an H200's tensor cores a little

@@ -47,7 +47,7 @@ def process_label(pid: int) -> str:
     try:
         argv = psutil.Process(pid).cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return "gone"
+        return "exited"  # read again at the next sample: a process being exec'd has no cmdline yet
     if "-m" in argv[:-1]:
         return argv[argv.index("-m") + 1]
     scripts = [a for a in argv[1:] if a.endswith(".py")]
@@ -104,7 +104,7 @@ def run_measured(
                 sizes = tree_pss(proc)
                 peak = max(peak, sum(sizes.values()))
                 for pid, size in sizes.items():
-                    if pid not in labels:
+                    if labels.get(pid, "exited") == "exited":
                         labels[pid] = process_label(pid)
                     peaks[pid] = max(peaks.get(pid, 0), size)
 

@@ -132,6 +132,7 @@ def train(size: Size, model_dir: Path, data: Path, root: Path, steps: int) -> Pa
         *megarl_overrides(size, model_dir, data, out, steps),
     ]
     log = out.parent / "megarl.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
     if code != 0:
