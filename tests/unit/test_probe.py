@@ -17,6 +17,18 @@ pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:torch.distrib
 RUN_HERE = [c for c in ALL_CASES if c.make is not None]
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_as_in_a_fresh_process():
+    """Ctrl-C raises KeyboardInterrupt in this process, as in a fresh `megarl` process: the signal cases
+    send a real SIGINT here, and an earlier test of the session may have left SIGINT ignored or blocked
+    (a whole CI run failed both cases, each passing alone)."""
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    signal.signal(signal.SIGINT, handler if handler is not None else signal.default_int_handler)
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, tiny_models):
     ws = Workspace(tmp_path_factory.mktemp("probe"), tiny_models["llama"])
