@@ -11,22 +11,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-import pytest
 import torch
-import torch.distributed as dist
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    from megarl.distributed.cpu_shims import apply_cpu_shims
-
-    apply_cpu_shims()
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 def _trained_wrapper():

@@ -5,24 +5,10 @@ dropped (left at 1) or a wrong rotary base."""
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from megarl.models import verify
 
 pytestmark = pytest.mark.usefixtures("world_of_one")
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    from megarl.distributed.cpu_shims import apply_cpu_shims
-
-    apply_cpu_shims()
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
