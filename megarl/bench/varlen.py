@@ -20,12 +20,11 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from megarl.bench.measure import spread
+from megarl.bench.measure import run_measured, spread
 
 TASK = "megarl/digits_count"
 COUNTING = "1234567890"
@@ -117,10 +116,7 @@ def prepare_varlen(
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "megarl.cli", "sft", str(SFT_CONFIG)]
     cmd += sft_overrides(base, data, sft, max_new_tokens, seed)
-    log = here / "sft.log"
-    with open(log, "w") as f:
-        if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
-            raise RuntimeError(f"bench e2e: the variable-length SFT warm start of {name} failed; see {log}")
+    run_measured(cmd, here / "sft.log")  # bounded; a failure raises naming the log, nothing left running
     seconds = time.perf_counter() - start
     built.write_text(f"{seconds:.1f}")
     return model, data / "train.parquet", {"sft_seconds": seconds, "cached": False}
