@@ -89,6 +89,21 @@ def _sharded_state(chunks: list[torch.nn.Module], adapters_only: bool = False) -
     return {f"model{i}": state for i, state in enumerate(states)}
 
 
+def write_results_in_process() -> None:
+    """Megatron's save hands its writer processes' results back through a queue it creates on first use
+    from a spawn-context `multiprocessing.Manager()`: a fresh interpreter (~3 s of the first save of every
+    process on CPU, the later saves 0.5 s) and a server process that lives as long as the rank. megarl
+    saves synchronously, where the process that writes is the one that reads
+    (`write_preloaded_data_multiproc` puts, `retrieve_write_results` takes with get_nowait): an
+    in-process queue carries them. Call before a save; idempotent."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_model(
     chunks: list[torch.nn.Module],
     staging: Path,
@@ -105,6 +120,7 @@ def save_model(
     from megarl.models.convert.hf_io import copy_hf_metadata
 
     state = _sharded_state(chunks, adapters_only)
+    write_results_in_process()
     dist_checkpointing.save(state, str(staging / "model"), sharded_strategy)
     if dist.get_rank() == 0:
         copy_hf_metadata(hf_dir, staging / "hf")
