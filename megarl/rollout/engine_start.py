@@ -49,3 +49,10 @@ def ranks_compiled_when_large() -> None:
 
     count_greater_than.megarl_eager_below = EAGER_MAX  # type: ignore[attr-defined]
     sampler.batched_count_greater_than = count_greater_than
+
+
+def before_start(on_cuda: bool) -> None:
+    """What to take off before `vllm.LLM(...)`: the eager rank count on CPU, the frozen heap everywhere."""
+    if not on_cuda:
+        ranks_compiled_when_large()
+    frozen_heap()

@@ -33,7 +33,7 @@ from megarl.protocol import Batch, Col
 from megarl.rollout.base import Rollout, Sample, prompt_token_ids, rollout_batch
 from megarl.rollout.colocate import engine_call
 from megarl.rollout.engine_cache import cached_start
-from megarl.rollout.engine_start import frozen_heap, ranks_compiled_when_large
+from megarl.rollout.engine_start import before_start
 from megarl.rollout.partial import generate_across_syncs
 from megarl.rollout.vllm_cpu_load import load_into_layers
 from megarl.rollout.vllm_groups import (
@@ -228,9 +228,7 @@ class VLLMRollout(Rollout):
         if self.cfg.rollout.expert_parallel_size > 1 and not platform().is_cuda:
             local_expert_ids_on_cpu()
         spare_default_process_group()
-        if not platform().is_cuda:
-            ranks_compiled_when_large()
-        frozen_heap()
+        before_start(on_cuda=platform().is_cuda)
         kwargs = self.engine_kwargs
         with engine_call(), given_tp_groups(self.tp_groups), cached_start(kwargs, dist.get_rank() == 0):
             llm = LLM(**kwargs, distributed_executor_backend="external_launcher")
